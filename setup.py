@@ -1,0 +1,31 @@
+"""Build the C core. Everything else lives in pyproject.toml.
+
+TIDELOOP_DEV=1 turns warnings into errors (development and CI builds);
+TIDELOOP_SANITIZE=1 builds with ASan+UBSan.
+"""
+import glob
+import os
+
+from setuptools import Extension, setup
+
+extra_compile_args = ["-std=c11", "-O2", "-Wall", "-Wextra",
+                      "-Wno-missing-field-initializers", "-fno-strict-aliasing"]
+extra_link_args = []
+if os.environ.get("TIDELOOP_DEV"):
+    extra_compile_args.append("-Werror")
+if os.environ.get("TIDELOOP_SANITIZE"):
+    san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-O1", "-g"]
+    extra_compile_args += san
+    extra_link_args += san
+
+setup(
+    ext_modules=[
+        Extension(
+            "tideloop._core",
+            sources=sorted(glob.glob("src/tideloop/_core/*.c")),
+            depends=sorted(glob.glob("src/tideloop/_core/*.h")),
+            extra_compile_args=extra_compile_args,
+            extra_link_args=extra_link_args,
+        )
+    ],
+)

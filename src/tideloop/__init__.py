@@ -1,0 +1,300 @@
+"""tideloop: a drop-in asyncio event loop for CPython, written in C, for Linux.
+
+    import tideloop
+    tideloop.run(main())                                   # like asyncio.run
+    asyncio.Runner(loop_factory=tideloop.new_event_loop)   # 3.11
+    tideloop.install()                                     # policy for asyncio.run
+
+The per-event work (ready queue, timers, poller, handles, readers/writers,
+signal dispatch, call_soon_threadsafe wakeups, tasks and futures creation)
+lives in the C extension ``tideloop._core``.  This module is the thin public
+layer: once-per-run orchestration that asyncio already defines.
+"""
+
+import asyncio
+import errno
+import os
+import signal
+import socket
+import sys
+import warnings
+import weakref
+
+from asyncio import base_events as _base_events
+from asyncio import coroutines as _coroutines
+from asyncio.log import logger as _logger
+
+from . import _core
+from ._version import __version__
+
+__all__ = ("Loop", "new_event_loop", "run", "EventLoopPolicy", "install",
+           "Handle", "TimerHandle", "__version__")
+
+Handle = _core.Handle
+TimerHandle = _core.TimerHandle
+
+os.register_at_fork(after_in_child=_core._after_fork_child)
+
+_BaseEventLoop = asyncio.BaseEventLoop
+
+
+def _borrow(name):
+    # Once-per-call orchestration that asyncio's BaseEventLoop implements only
+    # in terms of the public loop API: reusing the stdlib's own functions keeps
+    # messages, log text and edge cases identical to the stock loop.
+    return _BaseEventLoop.__dict__[name]
+
+
+def _numeric_host(host):
+    if host is None:
+        return True
+    if isinstance(host, bytes):
+        try:
+            host = host.decode("idna")
+        except UnicodeError:
+            return False
+    if not isinstance(host, str):
+        return False
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+            return True
+        except (OSError, ValueError):
+            pass
+    return False
+
+
+def _numeric_port(port):
+    if port is None or isinstance(port, int):
+        return True
+    if isinstance(port, (str, bytes)):
+        try:
+            int(port)
+            return True
+        except ValueError:
+            return False
+    return False
+
+
+class Loop(_core.Loop, asyncio.AbstractEventLoop):
+    """The tideloop event loop: asyncio's behaviour, in C."""
+
+    _exception_handler = None
+    _default_executor = None
+    _executor_shutdown_called = False
+    _asyncgens_shutdown_called = False
+    _coroutine_origin_tracking_enabled = False
+    _coroutine_origin_tracking_saved_depth = None
+    _old_wakeup_fd = None
+
+    def __init__(self):
+        self._asyncgens = weakref.WeakSet()
+        self._set_debug_flag(_coroutines._is_debug_mode())
+
+    def __repr__(self):
+        return (f"<{self.__class__.__name__} running={self.is_running()} "
+                f"closed={self.is_closed()} debug={self.get_debug()}>")
+
+    def __del__(self, _warn=warnings.warn):
+        if not self.is_closed():
+            _warn(f"unclosed event loop {self!r}", ResourceWarning, source=self)
+            if not self.is_running():
+                self.close()
+
+    # -- lifecycle --------------------------------------------------------
+
+    def _check_closed(self):
+        if self.is_closed():
+            raise RuntimeError("Event loop is closed")
+
+    _check_running = _borrow("_check_running")
+    run_until_complete = _borrow("run_until_complete")
+    _set_coroutine_origin_tracking = _borrow("_set_coroutine_origin_tracking")
+
+    def set_debug(self, enabled):
+        self._set_debug_flag(enabled)
+        if self.is_running():
+            self.call_soon_threadsafe(self._set_coroutine_origin_tracking,
+                                      enabled)
+
+    def close(self):
+        if self.is_running():
+            raise RuntimeError("Cannot close a running event loop")
+        if self.is_closed():
+            return
+        if self.get_debug():
+            _logger.debug("Close %r", self)
+        # Signal handlers go first: the interpreter must stop writing signal
+        # numbers into our pipe before the pipe is closed.
+        if self._signal_handlers:
+            if not sys.is_finalizing():
+                for sig in list(self._signal_handlers):
+                    self.remove_signal_handler(sig)
+            else:
+                warnings.warn(f"Closing the loop {self!r} on interpreter "
+                              f"shutdown stage, skipping signal handlers "
+                              f"removal", ResourceWarning, source=self)
+                self._signal_handlers.clear()
+                self._restore_wakeup_fd()
+        super().close()
+        self._signal_pipe_close()
+        self._executor_shutdown_called = True
+        executor = self._default_executor
+        if executor is not None:
+            self._default_executor = None
+            executor.shutdown(wait=False)
+
+    # -- async generators, executors ---------------------------------------
+
+    _asyncgen_firstiter_hook = _borrow("_asyncgen_firstiter_hook")
+    _asyncgen_finalizer_hook = _borrow("_asyncgen_finalizer_hook")
+    shutdown_asyncgens = _borrow("shutdown_asyncgens")
+    shutdown_default_executor = _borrow("shutdown_default_executor")
+    _do_shutdown = _borrow("_do_shutdown")
+    _check_default_executor = _borrow("_check_default_executor")
+    _check_callback = _borrow("_check_callback")
+    run_in_executor = _borrow("run_in_executor")
+    set_default_executor = _borrow("set_default_executor")
+
+    # -- name resolution ---------------------------------------------------
+
+    _getaddrinfo_debug = _borrow("_getaddrinfo_debug")
+    getnameinfo = _borrow("getnameinfo")
+
+    async def getaddrinfo(self, host, port, *, family=0, type=0, proto=0,
+                          flags=0):
+        if not self.get_debug() and _numeric_host(host) and _numeric_port(port):
+            # Numeric hosts and ports never touch DNS or /etc/services: the
+            # libc call returns at once, so a thread hop only adds latency.
+            return socket.getaddrinfo(host, port, family, type, proto, flags)
+        getaddr_func = (self._getaddrinfo_debug if self.get_debug()
+                        else socket.getaddrinfo)
+        return await self.run_in_executor(
+            None, getaddr_func, host, port, family, type, proto, flags)
+
+    # -- errors ------------------------------------------------------------
+
+    get_exception_handler = _borrow("get_exception_handler")
+    set_exception_handler = _borrow("set_exception_handler")
+    default_exception_handler = _borrow("default_exception_handler")
+    call_exception_handler = _borrow("call_exception_handler")
+
+    # -- signals -----------------------------------------------------------
+
+    def _check_signal(self, sig):
+        if not isinstance(sig, int):
+            raise TypeError(f"sig must be an int, not {sig!r}")
+        if sig not in signal.valid_signals():
+            raise ValueError(f"invalid signal number {sig}")
+
+    def _restore_wakeup_fd(self):
+        old, self._old_wakeup_fd = self._old_wakeup_fd, None
+        try:
+            signal.set_wakeup_fd(-1 if old is None else old)
+        except (ValueError, OSError) as exc:
+            _logger.info("set_wakeup_fd(-1) failed: %s", exc)
+
+    def add_signal_handler(self, sig, callback, *args):
+        """Add a handler for a signal.  Main thread only."""
+        if (_coroutines.iscoroutine(callback) or
+                _coroutines.iscoroutinefunction(callback)):
+            raise TypeError("coroutines cannot be used "
+                            "with add_signal_handler()")
+        self._check_signal(sig)
+        self._check_closed()
+        wfd = self._signal_pipe_open()
+        try:
+            # Raises ValueError outside the main thread: a loop running in
+            # another thread cannot take signals.
+            old = signal.set_wakeup_fd(wfd)
+        except (ValueError, OSError) as exc:
+            raise RuntimeError(str(exc))
+        if self._old_wakeup_fd is None and old != wfd:
+            self._old_wakeup_fd = old
+        handle = self._make_handle(callback, *args)
+        self._signal_handlers[sig] = handle
+        try:
+            signal.signal(sig, _core._sighandler_noop)
+            signal.siginterrupt(sig, False)
+        except OSError as exc:
+            del self._signal_handlers[sig]
+            if not self._signal_handlers:
+                self._restore_wakeup_fd()
+            if exc.errno == errno.EINVAL:
+                raise RuntimeError(f"sig {sig} cannot be caught")
+            raise
+
+    def remove_signal_handler(self, sig):
+        """Remove a handler for a signal; True if one was removed."""
+        self._check_signal(sig)
+        try:
+            del self._signal_handlers[sig]
+        except KeyError:
+            return False
+        handler = (signal.default_int_handler if sig == signal.SIGINT
+                   else signal.SIG_DFL)
+        try:
+            signal.signal(sig, handler)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                raise RuntimeError(f"sig {sig} cannot be caught")
+            raise
+        if not self._signal_handlers:
+            self._restore_wakeup_fd()
+        return True
+
+    # -- diagnostics -------------------------------------------------------
+
+    def stats(self):
+        """Counters of what the loop has done: iterations, callbacks run,
+        I/O events, timers fired, slow callbacks, seconds spent polling, and
+        the current ready/timer/fd counts."""
+        return self._stats()
+
+
+def _not_implemented(name):
+    async def method(self, *args, **kwargs):
+        raise NotImplementedError(
+            f"tideloop: loop.{name}() is not implemented yet "
+            f"(networking arrives with a later release)")
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+for _name in ("create_connection", "create_server", "sendfile", "start_tls",
+              "create_unix_connection", "create_unix_server",
+              "connect_accepted_socket", "create_datagram_endpoint",
+              "connect_read_pipe", "connect_write_pipe", "subprocess_shell",
+              "subprocess_exec", "sock_recv", "sock_recv_into",
+              "sock_recvfrom", "sock_recvfrom_into", "sock_sendall",
+              "sock_sendto", "sock_connect", "sock_accept", "sock_sendfile"):
+    setattr(Loop, _name, _not_implemented(_name))
+del _name
+
+
+def new_event_loop():
+    """Return a new tideloop event loop."""
+    return Loop()
+
+
+class EventLoopPolicy(asyncio.DefaultEventLoopPolicy):
+    """An asyncio policy whose new_event_loop() returns tideloop loops."""
+
+    _loop_factory = Loop
+
+    def __repr__(self):
+        return f"<{self.__class__.__name__}>"
+
+
+def install():
+    """Make tideloop the loop that asyncio.new_event_loop()/asyncio.run() use."""
+    asyncio.set_event_loop_policy(EventLoopPolicy())
+
+
+def run(main, *, debug=None):
+    """Run a coroutine on a new tideloop loop: the contract of asyncio.run()."""
+    if asyncio.events._get_running_loop() is not None:
+        raise RuntimeError(
+            "asyncio.run() cannot be called from a running event loop")
+    with asyncio.Runner(debug=debug, loop_factory=new_event_loop) as runner:
+        return runner.run(main)

@@ -1,0 +1,583 @@
+/* Handle and TimerHandle: what call_soon / call_later return, and what the
+ * ready queue and the timer heap hold. */
+#include "internal.h"
+
+#include <structmember.h>
+
+/* Drop the callback and its arguments (cancel, dealloc, clear). */
+static void
+handle_clear_call(HandleObject *h)
+{
+    Py_CLEAR(h->callback);
+    Py_CLEAR(h->args_tuple);
+    for (Py_ssize_t i = 0; i < TL_INLINE_ARGS; i++)
+        Py_CLEAR(h->argv[i]);
+    h->nargs = 0;
+}
+
+HandleObject *
+tl_handle_new(tl_state *st, PyTypeObject *type, LoopObject *loop,
+              PyObject *callback, PyObject *const *args, Py_ssize_t nargs,
+              PyObject *context)
+{
+    HandleObject *h = st->handle_freelist;
+    if (h != NULL) {
+        st->handle_freelist = h->next_free;
+        st->handle_nfree--;
+        h->next_free = NULL;
+        PyObject_Init((PyObject *)h, type);
+    }
+    else {
+        h = PyObject_GC_New(HandleObject, type);
+        if (h == NULL)
+            return NULL;
+        h->callback = h->args_tuple = NULL;
+        for (Py_ssize_t i = 0; i < TL_INLINE_ARGS; i++)
+            h->argv[i] = NULL;
+        h->weakreflist = NULL;
+        h->next_free = NULL;
+    }
+    h->source_traceback = NULL;
+    h->repr_cache = NULL;
+    h->cancelled = 0;
+    h->scheduled = 0;
+    h->when = 0.0;
+    h->node.index = TL_HEAP_NOT_IN;
+    h->nargs = nargs;
+    if (nargs <= TL_INLINE_ARGS) {
+        for (Py_ssize_t i = 0; i < nargs; i++)
+            h->argv[i] = Py_NewRef(args[i]);
+    }
+    else {
+        PyObject *t = PyTuple_New(nargs);
+        if (t == NULL) {
+            h->nargs = 0;
+            h->loop = NULL;
+            h->context = NULL;
+            h->callback = NULL;
+            Py_DECREF(h);
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < nargs; i++)
+            PyTuple_SET_ITEM(t, i, Py_NewRef(args[i]));
+        h->args_tuple = t;
+    }
+    h->callback = Py_NewRef(callback);
+    h->loop = (LoopObject *)Py_NewRef(loop);
+    if (context == NULL || context == Py_None) {
+        h->context = PyContext_CopyCurrent();
+        if (h->context == NULL) {
+            Py_DECREF(h);
+            return NULL;
+        }
+    }
+    else {
+        h->context = Py_NewRef(context);
+    }
+    PyObject_GC_Track(h);
+    if (loop->debug) {
+        /* Where the handle was created, for repr and error reports. */
+        PyFrameObject *f = PyEval_GetFrame();
+        if (f != NULL) {
+            h->source_traceback =
+                PyObject_CallOneArg(st->extract_stack, (PyObject *)f);
+            if (h->source_traceback == NULL) {
+                Py_DECREF(h);
+                return NULL;
+            }
+        }
+    }
+    return h;
+}
+
+static int
+handle_traverse(HandleObject *h, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(h));
+    Py_VISIT(h->callback);
+    Py_VISIT(h->args_tuple);
+    for (Py_ssize_t i = 0; i < TL_INLINE_ARGS; i++)
+        Py_VISIT(h->argv[i]);
+    Py_VISIT(h->context);
+    Py_VISIT(h->loop);
+    Py_VISIT(h->source_traceback);
+    Py_VISIT(h->repr_cache);
+    return 0;
+}
+
+static int
+handle_clear(HandleObject *h)
+{
+    handle_clear_call(h);
+    Py_CLEAR(h->context);
+    Py_CLEAR(h->loop);
+    Py_CLEAR(h->source_traceback);
+    Py_CLEAR(h->repr_cache);
+    return 0;
+}
+
+static void
+handle_dealloc(HandleObject *h)
+{
+    PyTypeObject *tp = Py_TYPE(h);
+    tl_state *st = tl_get_state_from_type(tp);
+    PyObject_GC_UnTrack(h);
+    if (h->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)h);
+    handle_clear(h);
+    if (st != NULL && st->handle_nfree < TL_HANDLE_FREELIST_MAX) {
+        h->next_free = st->handle_freelist;
+        st->handle_freelist = h;
+        st->handle_nfree++;
+    }
+    else {
+        PyObject_GC_Del(h);
+    }
+    Py_DECREF(tp);
+}
+
+void
+tl_handle_free_list(tl_state *st)
+{
+    while (st->handle_freelist != NULL) {
+        HandleObject *h = st->handle_freelist;
+        st->handle_freelist = h->next_free;
+        PyObject_GC_Del(h);
+    }
+    st->handle_nfree = 0;
+}
+
+/* The arguments as a tuple (built on demand for inline arguments). */
+static PyObject *
+handle_args_tuple(HandleObject *h)
+{
+    if (h->args_tuple != NULL)
+        return Py_NewRef(h->args_tuple);
+    PyObject *t = PyTuple_New(h->nargs);
+    if (t == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < h->nargs; i++)
+        PyTuple_SET_ITEM(t, i, Py_NewRef(h->argv[i]));
+    return t;
+}
+
+/* Report an exception raised by the callback the way asyncio's Handle._run
+ * does: 'Exception in callback ...' to loop.call_exception_handler(). */
+static int
+handle_report_error(HandleObject *h, PyObject *callback, PyObject *args)
+{
+    tl_state *st = h->loop->state;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+
+    int rc = -1;
+    PyObject *context = NULL, *src = NULL, *msg = NULL, *res = NULL;
+    src = PyObject_CallFunctionObjArgs(st->format_callback_source, callback,
+                                       args, NULL);
+    if (src == NULL)
+        goto done;
+    msg = PyUnicode_FromFormat("Exception in callback %U", src);
+    if (msg == NULL)
+        goto done;
+    context = PyDict_New();
+    if (context == NULL)
+        goto done;
+    if (PyDict_SetItem(context, st->str_message, msg) < 0 ||
+        PyDict_SetItem(context, st->str_exception, value ? value : Py_None) < 0 ||
+        PyDict_SetItem(context, st->str_handle, (PyObject *)h) < 0)
+        goto done;
+    if (h->source_traceback != NULL && PyObject_IsTrue(h->source_traceback) &&
+        PyDict_SetItem(context, st->str_source_traceback,
+                       h->source_traceback) < 0)
+        goto done;
+    res = PyObject_CallMethodOneArg((PyObject *)h->loop,
+                                    st->str_call_exception_handler, context);
+    if (res != NULL)
+        rc = 0;
+done:
+    Py_XDECREF(value);
+    Py_XDECREF(src);
+    Py_XDECREF(msg);
+    Py_XDECREF(context);
+    Py_XDECREF(res);
+    return rc;
+}
+
+int
+tl_handle_run(HandleObject *h)
+{
+    /* The callback may cancel its own handle, which drops these references;
+     * hold our own for the duration of the call. */
+    PyObject *callback = h->callback;
+    if (callback == NULL)
+        return 0;
+    PyObject *context = h->context;
+    Py_INCREF(callback);
+    Py_INCREF(context);
+    PyObject *args_tuple = h->args_tuple;
+    PyObject *argv[TL_INLINE_ARGS];
+    PyObject *const *callargs;
+    Py_ssize_t nargs = h->nargs;
+    if (args_tuple != NULL) {
+        Py_INCREF(args_tuple);
+        callargs = &PyTuple_GET_ITEM(args_tuple, 0);
+    }
+    else {
+        for (Py_ssize_t i = 0; i < nargs; i++)
+            argv[i] = Py_NewRef(h->argv[i]);
+        callargs = argv;
+    }
+
+    int rc = 0;
+    PyObject *res = NULL;
+    if (PyContext_Enter(context) == 0) {
+        res = PyObject_Vectorcall(callback, callargs, nargs, NULL);
+        if (PyContext_Exit(context) < 0) {
+            Py_CLEAR(res);
+        }
+    }
+    if (res != NULL) {
+        Py_DECREF(res);
+    }
+    else if (PyErr_ExceptionMatches(PyExc_SystemExit) ||
+             PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+        rc = -1;
+    }
+    else {
+        PyObject *t = args_tuple ? Py_NewRef(args_tuple)
+                                 : PyTuple_New(nargs);
+        if (t == NULL) {
+            rc = -1;
+        }
+        else {
+            if (args_tuple == NULL)
+                for (Py_ssize_t i = 0; i < nargs; i++)
+                    PyTuple_SET_ITEM(t, i, Py_NewRef(argv[i]));
+            rc = handle_report_error(h, callback, t);
+            Py_DECREF(t);
+        }
+    }
+    Py_DECREF(callback);
+    Py_DECREF(context);
+    if (args_tuple != NULL)
+        Py_DECREF(args_tuple);
+    else
+        for (Py_ssize_t i = 0; i < nargs; i++)
+            Py_DECREF(argv[i]);
+    return rc;
+}
+
+/* ---- Python-visible methods ---- */
+
+static PyObject *
+handle_repr_info(HandleObject *h)
+{
+    tl_state *st = tl_get_state_from_type(Py_TYPE(h));
+    PyObject *info = PyList_New(0);
+    if (info == NULL)
+        return NULL;
+    PyObject *s = PyUnicode_FromString(_PyType_Name(Py_TYPE(h)));
+    if (s == NULL || PyList_Append(info, s) < 0)
+        goto error;
+    Py_CLEAR(s);
+    if (h->cancelled) {
+        s = PyUnicode_FromString("cancelled");
+        if (s == NULL || PyList_Append(info, s) < 0)
+            goto error;
+        Py_CLEAR(s);
+    }
+    if (h->loop != NULL && Py_TYPE(h) == st->TimerHandleType) {
+        PyObject *w = PyFloat_FromDouble(h->when);
+        if (w == NULL)
+            goto error;
+        s = PyUnicode_FromFormat("when=%R", w);
+        Py_DECREF(w);
+        if (s == NULL || PyList_Append(info, s) < 0)
+            goto error;
+        Py_CLEAR(s);
+    }
+    if (h->callback != NULL) {
+        PyObject *args = handle_args_tuple(h);
+        if (args == NULL)
+            goto error;
+        s = PyObject_CallFunctionObjArgs(st->format_callback_source,
+                                         h->callback, args, NULL);
+        Py_DECREF(args);
+        if (s == NULL || PyList_Append(info, s) < 0)
+            goto error;
+        Py_CLEAR(s);
+    }
+    if (h->source_traceback != NULL && PyList_Check(h->source_traceback) &&
+        PyList_GET_SIZE(h->source_traceback) > 0) {
+        PyObject *frame = PyList_GET_ITEM(
+            h->source_traceback, PyList_GET_SIZE(h->source_traceback) - 1);
+        PyObject *fn = PySequence_GetItem(frame, 0);
+        PyObject *ln = fn ? PySequence_GetItem(frame, 1) : NULL;
+        if (ln != NULL)
+            s = PyUnicode_FromFormat("created at %S:%S", fn, ln);
+        Py_XDECREF(fn);
+        Py_XDECREF(ln);
+        if (s == NULL || PyList_Append(info, s) < 0)
+            goto error;
+        Py_CLEAR(s);
+    }
+    return info;
+error:
+    Py_XDECREF(s);
+    Py_DECREF(info);
+    return NULL;
+}
+
+static PyObject *
+handle_repr(HandleObject *h)
+{
+    if (h->repr_cache != NULL)
+        return Py_NewRef(h->repr_cache);
+    PyObject *info = handle_repr_info(h);
+    if (info == NULL)
+        return NULL;
+    PyObject *sep = PyUnicode_FromString(" ");
+    PyObject *joined = sep ? PyUnicode_Join(sep, info) : NULL;
+    Py_XDECREF(sep);
+    Py_DECREF(info);
+    if (joined == NULL)
+        return NULL;
+    PyObject *r = PyUnicode_FromFormat("<%U>", joined);
+    Py_DECREF(joined);
+    return r;
+}
+
+int
+tl_handle_cancel(HandleObject *h)
+{
+    if (h->cancelled || h->loop == NULL)
+        return 0;
+    if (h->scheduled)
+        tl_loop_unschedule_timer(h->loop, h);
+    h->cancelled = 1;
+    if (h->loop->debug) {
+        /* Keep the description: 'Executing <Handle...> took 2.5 seconds'. */
+        h->cancelled = 0;
+        PyObject *r = handle_repr(h);
+        h->cancelled = 1;
+        if (r == NULL) {
+            handle_clear_call(h);
+            return -1;
+        }
+        Py_XSETREF(h->repr_cache, r);
+    }
+    handle_clear_call(h);
+    return 0;
+}
+
+static PyObject *
+handle_cancel(HandleObject *h, PyObject *Py_UNUSED(ignored))
+{
+    if (tl_handle_cancel(h) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+handle_cancelled(HandleObject *h, PyObject *Py_UNUSED(ignored))
+{
+    return PyBool_FromLong(h->cancelled);
+}
+
+static PyObject *
+handle_get_context(HandleObject *h, PyObject *Py_UNUSED(ignored))
+{
+    if (h->context == NULL)
+        Py_RETURN_NONE;
+    return Py_NewRef(h->context);
+}
+
+static PyObject *
+handle_run_method(HandleObject *h, PyObject *Py_UNUSED(ignored))
+{
+    if (h->loop == NULL)
+        Py_RETURN_NONE;
+    if (tl_handle_run(h) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+handle_when(HandleObject *h, PyObject *Py_UNUSED(ignored))
+{
+    return PyFloat_FromDouble(h->when);
+}
+
+static PyObject *
+handle_get_callback(HandleObject *h, void *Py_UNUSED(c))
+{
+    return Py_NewRef(h->callback ? h->callback : Py_None);
+}
+
+static PyObject *
+handle_get_args(HandleObject *h, void *Py_UNUSED(c))
+{
+    if (h->callback == NULL)
+        Py_RETURN_NONE;
+    return handle_args_tuple(h);
+}
+
+static PyObject *
+handle_get_loop(HandleObject *h, void *Py_UNUSED(c))
+{
+    return Py_NewRef(h->loop ? (PyObject *)h->loop : Py_None);
+}
+
+static PyObject *
+handle_get_source_traceback(HandleObject *h, void *Py_UNUSED(c))
+{
+    return Py_NewRef(h->source_traceback ? h->source_traceback : Py_None);
+}
+
+static PyObject *
+handle_get_cancelled_attr(HandleObject *h, void *Py_UNUSED(c))
+{
+    return PyBool_FromLong(h->cancelled);
+}
+
+static PyObject *
+handle_get_scheduled(HandleObject *h, void *Py_UNUSED(c))
+{
+    return PyBool_FromLong(h->scheduled);
+}
+
+static PyObject *
+timer_richcompare(HandleObject *a, PyObject *bo, int op)
+{
+    tl_state *st = tl_get_state_from_type(Py_TYPE(a));
+    if (Py_TYPE(bo) != st->TimerHandleType)
+        Py_RETURN_NOTIMPLEMENTED;
+    HandleObject *b = (HandleObject *)bo;
+    int eq = 0;
+    if (op == Py_EQ || op == Py_NE || op == Py_LE || op == Py_GE) {
+        eq = a->when == b->when && a->cancelled == b->cancelled;
+        if (eq) {
+            PyObject *ca = a->callback ? a->callback : Py_None;
+            PyObject *cb = b->callback ? b->callback : Py_None;
+            int r = PyObject_RichCompareBool(ca, cb, Py_EQ);
+            if (r < 0)
+                return NULL;
+            eq = r;
+        }
+        if (eq) {
+            PyObject *ta = a->callback ? handle_args_tuple(a) : Py_NewRef(Py_None);
+            if (ta == NULL)
+                return NULL;
+            PyObject *tb = b->callback ? handle_args_tuple(b) : Py_NewRef(Py_None);
+            if (tb == NULL) {
+                Py_DECREF(ta);
+                return NULL;
+            }
+            int r = PyObject_RichCompareBool(ta, tb, Py_EQ);
+            Py_DECREF(ta);
+            Py_DECREF(tb);
+            if (r < 0)
+                return NULL;
+            eq = r;
+        }
+    }
+    switch (op) {
+    case Py_LT: return PyBool_FromLong(a->when < b->when);
+    case Py_GT: return PyBool_FromLong(a->when > b->when);
+    case Py_LE: return PyBool_FromLong(a->when < b->when || eq);
+    case Py_GE: return PyBool_FromLong(a->when > b->when || eq);
+    case Py_EQ: return PyBool_FromLong(eq);
+    case Py_NE: return PyBool_FromLong(!eq);
+    }
+    Py_RETURN_NOTIMPLEMENTED;
+}
+
+static Py_hash_t
+timer_hash(HandleObject *h)
+{
+    return _Py_HashDouble((PyObject *)h, h->when);
+}
+
+static PyMethodDef handle_methods[] = {
+    {"cancel", (PyCFunction)handle_cancel, METH_NOARGS, "Cancel the call."},
+    {"cancelled", (PyCFunction)handle_cancelled, METH_NOARGS,
+     "Return True if the call was cancelled."},
+    {"get_context", (PyCFunction)handle_get_context, METH_NOARGS,
+     "Return the contextvars.Context the callback runs in."},
+    {"_run", (PyCFunction)handle_run_method, METH_NOARGS, NULL},
+    {NULL}
+};
+
+static PyMethodDef timer_methods[] = {
+    {"when", (PyCFunction)handle_when, METH_NOARGS,
+     "Return the scheduled time, on the loop.time() clock."},
+    {NULL}
+};
+
+static PyGetSetDef handle_getset[] = {
+    {"_callback", (getter)handle_get_callback, NULL, NULL, NULL},
+    {"_args", (getter)handle_get_args, NULL, NULL, NULL},
+    {"_loop", (getter)handle_get_loop, NULL, NULL, NULL},
+    {"_context", (getter)handle_get_context, NULL, NULL, NULL},
+    {"_cancelled", (getter)handle_get_cancelled_attr, NULL, NULL, NULL},
+    {"_source_traceback", (getter)handle_get_source_traceback, NULL, NULL, NULL},
+    {NULL}
+};
+
+static PyGetSetDef timer_getset[] = {
+    {"_scheduled", (getter)handle_get_scheduled, NULL, NULL, NULL},
+    {"_when", (getter)handle_when, NULL, NULL, NULL},
+    {NULL}
+};
+
+static PyMemberDef handle_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(HandleObject, weakreflist),
+     READONLY, NULL},
+    {NULL}
+};
+
+static PyType_Slot handle_slots[] = {
+    {Py_tp_dealloc, handle_dealloc},
+    {Py_tp_traverse, handle_traverse},
+    {Py_tp_clear, handle_clear},
+    {Py_tp_repr, handle_repr},
+    {Py_tp_methods, handle_methods},
+    {Py_tp_getset, handle_getset},
+    {Py_tp_members, handle_members},
+    {Py_tp_doc, "Object returned by callback registration methods."},
+    {0, NULL}
+};
+
+PyType_Spec tl_handle_spec = {
+    .name = "tideloop.Handle",
+    .basicsize = sizeof(HandleObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE |
+             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = handle_slots,
+};
+
+static PyType_Slot timer_slots[] = {
+    {Py_tp_dealloc, handle_dealloc},
+    {Py_tp_traverse, handle_traverse},
+    {Py_tp_clear, handle_clear},
+    {Py_tp_repr, handle_repr},
+    {Py_tp_richcompare, timer_richcompare},
+    {Py_tp_hash, timer_hash},
+    {Py_tp_methods, timer_methods},
+    {Py_tp_getset, timer_getset},
+    {Py_tp_doc, "Object returned by timed callback registration methods."},
+    {0, NULL}
+};
+
+PyType_Spec tl_timer_handle_spec = {
+    .name = "tideloop.TimerHandle",
+    .basicsize = sizeof(HandleObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
+             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = timer_slots,
+};

@@ -1,0 +1,160 @@
+/* Shared declarations of the tideloop core. */
+#ifndef TIDELOOP_INTERNAL_H
+#define TIDELOOP_INTERNAL_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "heap.h"
+#include "poller.h"
+
+/* Arguments up to this count live inside the handle: no tuple per call. */
+#define TL_INLINE_ARGS 3
+#define TL_HANDLE_FREELIST_MAX 1024
+
+typedef struct LoopObject LoopObject;
+typedef struct HandleObject HandleObject;
+
+/* Module state: every Python object the core needs, looked up once. */
+typedef struct {
+    PyTypeObject *LoopType;
+    PyTypeObject *HandleType;
+    PyTypeObject *TimerHandleType;
+
+    PyObject *Future;                 /* asyncio.Future */
+    PyObject *Task;                   /* asyncio.Task */
+    PyObject *set_running_loop;       /* asyncio.events._set_running_loop */
+    PyObject *get_running_loop;       /* asyncio.events._get_running_loop */
+    PyObject *set_task_name;          /* asyncio.tasks._set_task_name */
+    PyObject *format_callback_source; /* asyncio.format_helpers */
+    PyObject *extract_stack;          /* asyncio.format_helpers.extract_stack */
+    PyObject *iscoroutine;            /* asyncio.coroutines.iscoroutine */
+    PyObject *iscoroutinefunction;    /* asyncio.coroutines.iscoroutinefunction */
+    PyObject *logger;                 /* asyncio.log.logger */
+    PyObject *format_handle;          /* asyncio.base_events._format_handle */
+    PyObject *get_asyncgen_hooks;     /* sys.get_asyncgen_hooks */
+    PyObject *set_asyncgen_hooks;     /* sys.set_asyncgen_hooks */
+
+    PyObject *kw_loop;                /* ("loop",) */
+    PyObject *str_context;
+    PyObject *str_name;
+    PyObject *str_call_exception_handler;
+    PyObject *str_message;
+    PyObject *str_exception;
+    PyObject *str_handle;
+    PyObject *str_source_traceback;
+    PyObject *str_firstiter;
+    PyObject *str_finalizer;
+    PyObject *str_asyncgen_firstiter_hook;
+    PyObject *str_asyncgen_finalizer_hook;
+    PyObject *str_set_coroutine_origin_tracking;
+    PyObject *str_remove_signal_handler;
+    PyObject *str_warning;
+
+    /* Recycled handle memory (GC-untracked, type reference dropped). */
+    HandleObject *handle_freelist;
+    int handle_nfree;
+
+    /* Bumped in the child after os.fork(): loops from before are unusable. */
+    uint64_t fork_generation;
+} tl_state;
+
+struct HandleObject {
+    PyObject_HEAD
+    PyObject *callback;          /* NULL once cancelled, like asyncio's None */
+    PyObject *args_tuple;        /* only when nargs > TL_INLINE_ARGS */
+    PyObject *argv[TL_INLINE_ARGS];
+    Py_ssize_t nargs;
+    PyObject *context;
+    LoopObject *loop;
+    PyObject *source_traceback;  /* debug mode only */
+    PyObject *repr_cache;        /* debug mode: repr kept after cancel */
+    PyObject *weakreflist;
+    double when;                 /* timers: the deadline as given */
+    tl_heap_node node;           /* timers: heap position */
+    char cancelled;
+    char scheduled;              /* timers: currently in the heap */
+    HandleObject *next_free;
+};
+
+typedef struct {
+    HandleObject *reader;
+    HandleObject *writer;
+    int mask;                    /* what the poller has registered */
+    int internal;                /* 1: wakeup eventfd, 2: signal pipe */
+} tl_fdentry;
+
+#define TL_FD_WAKEUP 1
+#define TL_FD_SIGNAL 2
+
+struct LoopObject {
+    PyObject_HEAD
+    tl_state *state;
+    tl_poller *poller;
+    int wakeup_fd;               /* eventfd for call_soon_threadsafe */
+    int signal_rfd;              /* read end of the signal wakeup pipe, or -1 */
+    int signal_wfd;
+    int sleeping;                /* in the poll call with the GIL released */
+    int closed;
+    int stopping;
+    int debug;
+    unsigned long thread_id;     /* 0: not running */
+    uint64_t fork_generation;
+
+    /* Ready queue: a ring of strong references. */
+    HandleObject **ready;
+    size_t ready_head;
+    size_t ready_len;
+    size_t ready_cap;            /* power of two */
+
+    tl_heap timers;              /* strong references to TimerHandles */
+    uint64_t timer_seq;
+
+    tl_fdentry *fds;
+    size_t fds_cap;
+    size_t fds_registered;
+    tl_poll_event *events;
+    int events_cap;
+
+    double clock_resolution;
+    double slow_callback_duration;
+    PyObject *current_handle;
+    PyObject *task_factory;
+    PyObject *signal_handlers;   /* dict: signum -> Handle */
+    PyObject *dict;
+    PyObject *weakreflist;
+
+    /* Counters for loop metrics. */
+    uint64_t n_iterations;
+    uint64_t n_callbacks;
+    uint64_t n_io_events;
+    uint64_t n_timers_fired;
+    uint64_t n_slow_callbacks;
+    double poll_time;
+};
+
+/* handle.c */
+extern PyType_Spec tl_handle_spec;
+extern PyType_Spec tl_timer_handle_spec;
+HandleObject *tl_handle_new(tl_state *st, PyTypeObject *type, LoopObject *loop,
+                            PyObject *callback, PyObject *const *args,
+                            Py_ssize_t nargs, PyObject *context);
+/* 0: ran (errors went to the exception handler); -1: exception to propagate */
+int tl_handle_run(HandleObject *h);
+int tl_handle_cancel(HandleObject *h);   /* -1 only if debug repr fails */
+void tl_handle_free_list(tl_state *st);
+
+/* loop.c */
+extern PyType_Spec tl_loop_spec;
+void tl_loop_unschedule_timer(LoopObject *loop, HandleObject *h);
+double tl_monotonic(void);
+
+static inline tl_state *
+tl_get_state_from_type(PyTypeObject *tp)
+{
+    return (tl_state *)PyType_GetModuleState(tp);
+}
+
+#endif

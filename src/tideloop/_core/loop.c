@@ -1,0 +1,1515 @@
+/* The Loop type: one iteration = poll timeout -> poll -> dispatch fds ->
+ * expired timers -> run the callbacks that were ready when it began. */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <structmember.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAXIMUM_SELECT_TIMEOUT (24.0 * 3600.0)
+
+#define HANDLE_OF_NODE(n) \
+    ((HandleObject *)((char *)(n) - offsetof(HandleObject, node)))
+
+double
+tl_monotonic(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- checks shared by the public methods ---- */
+
+static int
+check_closed(LoopObject *self)
+{
+    if (self->closed) {
+        PyErr_SetString(PyExc_RuntimeError, "Event loop is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static int
+is_forked(LoopObject *self)
+{
+    return self->fork_generation != self->state->fork_generation;
+}
+
+static int
+check_fork(LoopObject *self)
+{
+    if (is_forked(self)) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "this tideloop event loop was created before "
+                        "os.fork() and cannot be used in the child process; "
+                        "create a new event loop in the child");
+        return -1;
+    }
+    return 0;
+}
+
+static int
+check_thread(LoopObject *self)
+{
+    if (self->thread_id == 0)
+        return 0;
+    if (PyThread_get_thread_ident() != self->thread_id) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "Non-thread-safe operation invoked on an event loop "
+                        "other than the current one");
+        return -1;
+    }
+    return 0;
+}
+
+static int
+check_callback(LoopObject *self, PyObject *callback, const char *method)
+{
+    tl_state *st = self->state;
+    PyObject *r = PyObject_CallOneArg(st->iscoroutine, callback);
+    if (r == NULL)
+        return -1;
+    int is_coro = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    if (!is_coro) {
+        r = PyObject_CallOneArg(st->iscoroutinefunction, callback);
+        if (r == NULL)
+            return -1;
+        is_coro = PyObject_IsTrue(r);
+        Py_DECREF(r);
+    }
+    if (is_coro < 0)
+        return -1;
+    if (is_coro) {
+        PyErr_Format(PyExc_TypeError, "coroutines cannot be used with %s()",
+                     method);
+        return -1;
+    }
+    if (!PyCallable_Check(callback)) {
+        PyErr_Format(PyExc_TypeError,
+                     "a callable object was expected by %s(), got %R", method,
+                     callback);
+        return -1;
+    }
+    return 0;
+}
+
+/* Parse (fixed positionals..., callback, *args, context=None). */
+static int
+parse_callback_call(LoopObject *self, const char *method, PyObject *const *args,
+                    Py_ssize_t nargs, PyObject *kwnames, Py_ssize_t nfixed,
+                    const char *const *fixed_names, PyObject **context)
+{
+    *context = NULL;
+    if (kwnames != NULL) {
+        Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t i = 0; i < nkw; i++) {
+            PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+            if (k == self->state->str_context ||
+                PyUnicode_Compare(k, self->state->str_context) == 0) {
+                *context = args[nargs + i];
+            }
+            else {
+                PyErr_Format(PyExc_TypeError,
+                             "%s() got an unexpected keyword argument '%U'",
+                             method, k);
+                return -1;
+            }
+        }
+    }
+    if (nargs < nfixed + 1) {
+        Py_ssize_t missing = nfixed + 1 - nargs;
+        const char *name = nargs < nfixed ? fixed_names[nargs] : "callback";
+        PyErr_Format(PyExc_TypeError,
+                     "%s() missing %zd required positional argument%s: '%s'",
+                     method, missing, missing > 1 ? "s" : "", name);
+        return -1;
+    }
+    if (*context == Py_None)
+        *context = NULL;
+    return 0;
+}
+
+/* ---- ready queue ---- */
+
+static int
+ready_grow(LoopObject *self)
+{
+    size_t cap = self->ready_cap ? self->ready_cap * 2 : 256;
+    HandleObject **buf = PyMem_Malloc(cap * sizeof(*buf));
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < self->ready_len; i++)
+        buf[i] = self->ready[(self->ready_head + i) & (self->ready_cap - 1)];
+    PyMem_Free(self->ready);
+    self->ready = buf;
+    self->ready_head = 0;
+    self->ready_cap = cap;
+    return 0;
+}
+
+/* Steals the reference to h. */
+static inline int
+ready_push(LoopObject *self, HandleObject *h)
+{
+    if (self->ready_len == self->ready_cap && ready_grow(self) < 0) {
+        Py_DECREF(h);
+        return -1;
+    }
+    self->ready[(self->ready_head + self->ready_len) & (self->ready_cap - 1)] = h;
+    self->ready_len++;
+    return 0;
+}
+
+static inline HandleObject *
+ready_pop(LoopObject *self)
+{
+    HandleObject *h = self->ready[self->ready_head];
+    self->ready_head = (self->ready_head + 1) & (self->ready_cap - 1);
+    self->ready_len--;
+    return h;
+}
+
+static void
+ready_clear(LoopObject *self)
+{
+    while (self->ready_len) {
+        HandleObject *h = ready_pop(self);
+        Py_DECREF(h);
+    }
+}
+
+/* ---- timers ---- */
+
+void
+tl_loop_unschedule_timer(LoopObject *loop, HandleObject *h)
+{
+    if (!h->scheduled)
+        return;
+    tl_heap_remove(&loop->timers, &h->node);
+    h->scheduled = 0;
+    Py_DECREF(h);   /* the heap's reference; the caller holds another */
+}
+
+static void
+timers_clear(LoopObject *self)
+{
+    tl_heap_node *n;
+    while ((n = tl_heap_pop(&self->timers)) != NULL) {
+        HandleObject *h = HANDLE_OF_NODE(n);
+        h->scheduled = 0;
+        Py_DECREF(h);
+    }
+}
+
+/* ---- fd table ---- */
+
+static int
+fd_from_object(PyObject *fileobj)
+{
+    long fd;
+    if (PyLong_Check(fileobj)) {
+        fd = PyLong_AsLong(fileobj);
+        if (fd == -1 && PyErr_Occurred())
+            return -1;
+    }
+    else {
+        PyObject *r = PyObject_CallMethod(fileobj, "fileno", NULL);
+        PyObject *i = r ? PyNumber_Long(r) : NULL;
+        Py_XDECREF(r);
+        if (i == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_AttributeError) ||
+                PyErr_ExceptionMatches(PyExc_TypeError) ||
+                PyErr_ExceptionMatches(PyExc_ValueError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_ValueError, "Invalid file object: %R",
+                             fileobj);
+            }
+            return -1;
+        }
+        fd = PyLong_AsLong(i);
+        Py_DECREF(i);
+        if (fd == -1 && PyErr_Occurred())
+            return -1;
+    }
+    if (fd < 0) {
+        PyErr_Format(PyExc_ValueError, "Invalid file descriptor: %ld", fd);
+        return -1;
+    }
+    if (fd > INT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "file descriptor out of range");
+        return -1;
+    }
+    return (int)fd;
+}
+
+static int
+fd_reserve(LoopObject *self, int fd)
+{
+    if ((size_t)fd < self->fds_cap)
+        return 0;
+    size_t cap = self->fds_cap ? self->fds_cap : 64;
+    while (cap <= (size_t)fd)
+        cap *= 2;
+    tl_fdentry *t = PyMem_Realloc(self->fds, cap * sizeof(*t));
+    if (t == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(t + self->fds_cap, 0, (cap - self->fds_cap) * sizeof(*t));
+    self->fds = t;
+    self->fds_cap = cap;
+    return 0;
+}
+
+/* Tell the poller the new interest mask for fd; OSError on failure. */
+static int
+fd_set_mask(LoopObject *self, int fd, int mask)
+{
+    tl_fdentry *e = &self->fds[fd];
+    int rc = 0;
+    if (e->mask == mask)
+        return 0;
+    if (e->mask == 0)
+        rc = tl_poller_add(self->poller, fd, mask);
+    else if (mask == 0)
+        rc = tl_poller_remove(self->poller, fd);
+    else
+        rc = tl_poller_modify(self->poller, fd, mask);
+    if (rc < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    if (e->mask == 0)
+        self->fds_registered++;
+    else if (mask == 0)
+        self->fds_registered--;
+    e->mask = mask;
+    return 0;
+}
+
+static int
+ensure_events_buffer(LoopObject *self)
+{
+    int want = (int)self->fds_registered + 1;
+    if (want > 256)
+        want = 256;
+    if (want <= self->events_cap)
+        return 0;
+    tl_poll_event *ev = PyMem_Realloc(self->events, want * sizeof(*ev));
+    if (ev == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->events = ev;
+    self->events_cap = want;
+    return 0;
+}
+
+static int
+register_internal_fd(LoopObject *self, int fd, int kind)
+{
+    if (fd_reserve(self, fd) < 0)
+        return -1;
+    if (fd_set_mask(self, fd, TL_POLL_READ) < 0)
+        return -1;
+    self->fds[fd].internal = kind;
+    return 0;
+}
+
+static void
+unregister_internal_fd(LoopObject *self, int fd)
+{
+    if (fd < 0 || (size_t)fd >= self->fds_cap)
+        return;
+    if (self->poller != NULL && self->fds[fd].mask && !is_forked(self))
+        tl_poller_remove(self->poller, fd);
+    if (self->fds[fd].mask)
+        self->fds_registered--;
+    self->fds[fd].mask = 0;
+    self->fds[fd].internal = 0;
+}
+
+/* ---- wakeup ---- */
+
+static void
+write_wakeup(LoopObject *self)
+{
+    if (self->wakeup_fd < 0 || is_forked(self))
+        return;
+    uint64_t one = 1;
+    ssize_t r;
+    do {
+        r = write(self->wakeup_fd, &one, sizeof(one));
+    } while (r < 0 && errno == EINTR);
+    /* EAGAIN: the counter is already non-zero, so a wakeup is pending. */
+}
+
+static void
+drain_wakeup(LoopObject *self)
+{
+    uint64_t v;
+    ssize_t r;
+    do {
+        r = read(self->wakeup_fd, &v, sizeof(v));
+    } while (r < 0 && errno == EINTR);
+}
+
+/* Signal numbers written by the interpreter's C signal handler. */
+static int
+drain_signal_pipe(LoopObject *self)
+{
+    unsigned char buf[256];
+    for (;;) {
+        ssize_t n = read(self->signal_rfd, buf, sizeof(buf));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return 0;
+        for (ssize_t i = 0; i < n; i++) {
+            if (buf[i] == 0)
+                continue;
+            PyObject *sig = PyLong_FromLong(buf[i]);
+            if (sig == NULL)
+                return -1;
+            PyObject *h = PyDict_GetItemWithError(self->signal_handlers, sig);
+            if (h == NULL) {
+                Py_DECREF(sig);
+                if (PyErr_Occurred())
+                    return -1;
+                continue;   /* a handler removed while the byte was in flight */
+            }
+            if (((HandleObject *)h)->cancelled) {
+                PyObject *r = PyObject_CallMethodOneArg(
+                    (PyObject *)self, self->state->str_remove_signal_handler,
+                    sig);
+                Py_DECREF(sig);
+                if (r == NULL)
+                    return -1;
+                Py_DECREF(r);
+                continue;
+            }
+            Py_DECREF(sig);
+            Py_INCREF(h);
+            if (ready_push(self, (HandleObject *)h) < 0)
+                return -1;
+        }
+    }
+}
+
+/* ---- one iteration ---- */
+
+static int
+dispatch_events(LoopObject *self, int n)
+{
+    for (int i = 0; i < n; i++) {
+        int fd = self->events[i].fd;
+        int mask = self->events[i].mask;
+        if (fd < 0 || (size_t)fd >= self->fds_cap)
+            continue;
+        tl_fdentry *e = &self->fds[fd];
+        if (e->internal == TL_FD_WAKEUP) {
+            drain_wakeup(self);
+            continue;
+        }
+        if (e->internal == TL_FD_SIGNAL) {
+            if (drain_signal_pipe(self) < 0)
+                return -1;
+            continue;
+        }
+        self->n_io_events++;
+        if ((mask & TL_POLL_READ) && e->reader != NULL) {
+            HandleObject *h = e->reader;
+            if (h->cancelled) {
+                e->reader = NULL;
+                if (fd_set_mask(self, fd, e->mask & ~TL_POLL_READ) < 0)
+                    PyErr_Clear();
+                Py_DECREF(h);
+            }
+            else {
+                Py_INCREF(h);
+                if (ready_push(self, h) < 0)
+                    return -1;
+            }
+        }
+        e = &self->fds[fd];
+        if ((mask & TL_POLL_WRITE) && e->writer != NULL) {
+            HandleObject *h = e->writer;
+            if (h->cancelled) {
+                e->writer = NULL;
+                if (fd_set_mask(self, fd, e->mask & ~TL_POLL_WRITE) < 0)
+                    PyErr_Clear();
+                Py_DECREF(h);
+            }
+            else {
+                Py_INCREF(h);
+                if (ready_push(self, h) < 0)
+                    return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+static int
+run_ready_debug(LoopObject *self, HandleObject *h)
+{
+    tl_state *st = self->state;
+    Py_XSETREF(self->current_handle, Py_NewRef((PyObject *)h));
+    double t0 = tl_monotonic();
+    int rc = tl_handle_run(h);
+    double dt = tl_monotonic() - t0;
+    Py_CLEAR(self->current_handle);
+    if (rc < 0)
+        return -1;
+    if (dt >= self->slow_callback_duration) {
+        self->n_slow_callbacks++;
+        PyObject *desc = PyObject_CallOneArg(st->format_handle, (PyObject *)h);
+        if (desc == NULL)
+            return -1;
+        PyObject *r = PyObject_CallMethod(st->logger, "warning", "sOd",
+                                          "Executing %s took %.3f seconds",
+                                          desc, dt);
+        Py_DECREF(desc);
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
+static int
+run_once(LoopObject *self)
+{
+    int64_t timeout_ns = -1;
+    self->n_iterations++;
+    if (self->ready_len || self->stopping) {
+        timeout_ns = 0;
+    }
+    else {
+        tl_heap_node *top = tl_heap_top(&self->timers);
+        if (top != NULL) {
+            double t = top->key - tl_monotonic();
+            if (!(t > 0))
+                timeout_ns = 0;
+            else if (t > MAXIMUM_SELECT_TIMEOUT)
+                timeout_ns = (int64_t)(MAXIMUM_SELECT_TIMEOUT * 1e9);
+            else
+                timeout_ns = (int64_t)ceil(t * 1e9);
+        }
+    }
+    if (ensure_events_buffer(self) < 0)
+        return -1;
+
+    int n;
+    if (timeout_ns == 0) {
+        /* Nothing to wait for: poll without giving up the GIL. */
+        n = tl_poller_poll(self->poller, self->events, self->events_cap, 0);
+    }
+    else {
+        double t0 = tl_monotonic();
+        self->sleeping = 1;
+        Py_BEGIN_ALLOW_THREADS
+        n = tl_poller_poll(self->poller, self->events, self->events_cap,
+                           timeout_ns);
+        Py_END_ALLOW_THREADS
+        self->sleeping = 0;
+        self->poll_time += tl_monotonic() - t0;
+    }
+    if (n < 0) {
+        if (errno != EINTR) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;
+        }
+        /* A signal: run its Python handler now (Ctrl-C raises here). */
+        if (PyErr_CheckSignals() < 0)
+            return -1;
+        n = 0;
+    }
+    if (n > 0 && dispatch_events(self, n) < 0)
+        return -1;
+
+    /* Expired timers, in deadline order (ties in scheduling order). */
+    if (self->timers.len) {
+        double end_time = tl_monotonic() + self->clock_resolution;
+        tl_heap_node *top;
+        while ((top = tl_heap_top(&self->timers)) != NULL &&
+               top->key < end_time) {
+            tl_heap_pop(&self->timers);
+            HandleObject *h = HANDLE_OF_NODE(top);
+            h->scheduled = 0;
+            self->n_timers_fired++;
+            if (ready_push(self, h) < 0)   /* the heap's reference moves */
+                return -1;
+        }
+    }
+
+    /* Only what was ready now: callbacks scheduled from here wait. */
+    size_t ntodo = self->ready_len;
+    for (size_t i = 0; i < ntodo && self->ready_len; i++) {
+        HandleObject *h = ready_pop(self);
+        if (h->cancelled) {
+            Py_DECREF(h);
+            continue;
+        }
+        self->n_callbacks++;
+        int rc = self->debug ? run_ready_debug(self, h) : tl_handle_run(h);
+        Py_DECREF(h);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ---- Python methods ---- */
+
+static PyObject *
+loop_time(LoopObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored))
+{
+    return PyFloat_FromDouble(tl_monotonic());
+}
+
+static PyObject *
+schedule_soon(LoopObject *self, const char *method, PyObject *const *args,
+              Py_ssize_t nargsf, PyObject *kwnames, int threadsafe)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *context;
+    if (parse_callback_call(self, method, args, nargs, kwnames, 0, NULL,
+                            &context) < 0)
+        return NULL;
+    if (check_closed(self) < 0)
+        return NULL;
+    if (self->debug) {
+        if (!threadsafe && check_thread(self) < 0)
+            return NULL;
+        if (check_callback(self, args[0], method) < 0)
+            return NULL;
+    }
+    tl_state *st = self->state;
+    HandleObject *h = tl_handle_new(st, st->HandleType, self, args[0],
+                                    args + 1, nargs - 1, context);
+    if (h == NULL)
+        return NULL;
+    Py_INCREF(h);
+    if (ready_push(self, h) < 0) {
+        Py_DECREF(h);
+        return NULL;
+    }
+    if (threadsafe && self->sleeping)
+        write_wakeup(self);
+    return (PyObject *)h;
+}
+
+static PyObject *
+loop_call_soon(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
+               PyObject *kwnames)
+{
+    return schedule_soon(self, "call_soon", args, nargsf, kwnames, 0);
+}
+
+static PyObject *
+loop_call_soon_threadsafe(LoopObject *self, PyObject *const *args,
+                          Py_ssize_t nargsf, PyObject *kwnames)
+{
+    return schedule_soon(self, "call_soon_threadsafe", args, nargsf, kwnames, 1);
+}
+
+static int
+number_to_double(PyObject *o, double *out)
+{
+    if (PyFloat_CheckExact(o)) {
+        *out = PyFloat_AS_DOUBLE(o);
+        return 0;
+    }
+    if (!PyNumber_Check(o) || PyComplex_Check(o)) {
+        PyErr_Format(PyExc_TypeError,
+                     "unsupported operand type(s) for +: 'float' and '%.200s'",
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    *out = PyFloat_AsDouble(o);
+    if (*out == -1.0 && PyErr_Occurred())
+        return -1;
+    return 0;
+}
+
+static PyObject *
+schedule_at(LoopObject *self, const char *method, double when,
+            PyObject *const *args, Py_ssize_t nargs, PyObject *context)
+{
+    if (check_closed(self) < 0)
+        return NULL;
+    if (self->debug) {
+        if (check_thread(self) < 0)
+            return NULL;
+        if (check_callback(self, args[0], method) < 0)
+            return NULL;
+    }
+    tl_state *st = self->state;
+    HandleObject *h = tl_handle_new(st, st->TimerHandleType, self, args[0],
+                                    args + 1, nargs - 1, context);
+    if (h == NULL)
+        return NULL;
+    h->when = when;
+    h->node.key = isnan(when) ? -INFINITY : when;
+    h->node.seq = self->timer_seq++;
+    if (tl_heap_push(&self->timers, &h->node) < 0) {
+        Py_DECREF(h);
+        return PyErr_NoMemory();
+    }
+    h->scheduled = 1;
+    Py_INCREF(h);   /* one reference for the heap, one for the caller */
+    return (PyObject *)h;
+}
+
+static PyObject *
+loop_call_later(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
+                PyObject *kwnames)
+{
+    static const char *const fixed[] = {"delay"};
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *context;
+    if (parse_callback_call(self, "call_later", args, nargs, kwnames, 1, fixed,
+                            &context) < 0)
+        return NULL;
+    if (args[0] == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "delay must not be None");
+        return NULL;
+    }
+    double delay;
+    if (number_to_double(args[0], &delay) < 0)
+        return NULL;
+    return schedule_at(self, "call_at", tl_monotonic() + delay, args + 1,
+                       nargs - 1, context);
+}
+
+static PyObject *
+loop_call_at(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
+             PyObject *kwnames)
+{
+    static const char *const fixed[] = {"when"};
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *context;
+    if (parse_callback_call(self, "call_at", args, nargs, kwnames, 1, fixed,
+                            &context) < 0)
+        return NULL;
+    if (args[0] == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "when cannot be None");
+        return NULL;
+    }
+    double when;
+    if (number_to_double(args[0], &when) < 0)
+        return NULL;
+    return schedule_at(self, "call_at", when, args + 1, nargs - 1, context);
+}
+
+static PyObject *
+loop_stop(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    self->stopping = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+loop_is_running(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyBool_FromLong(self->thread_id != 0);
+}
+
+static PyObject *
+loop_is_closed(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyBool_FromLong(self->closed);
+}
+
+static PyObject *
+loop_get_debug(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyBool_FromLong(self->debug);
+}
+
+static PyObject *
+loop_set_debug_flag(LoopObject *self, PyObject *enabled)
+{
+    int v = PyObject_IsTrue(enabled);
+    if (v < 0)
+        return NULL;
+    self->debug = v;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+loop_run_once(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (check_closed(self) < 0 || check_fork(self) < 0)
+        return NULL;
+    if (run_once(self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Call self.<name>(arg), tolerating a missing method (bare core loop). */
+static int
+call_optional_method(LoopObject *self, PyObject *name, PyObject *arg)
+{
+    PyObject *meth = PyObject_GetAttr((PyObject *)self, name);
+    if (meth == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *r = PyObject_CallOneArg(meth, arg);
+    Py_DECREF(meth);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static int
+install_asyncgen_hooks(LoopObject *self)
+{
+    tl_state *st = self->state;
+    PyObject *first = PyObject_GetAttr((PyObject *)self,
+                                       st->str_asyncgen_firstiter_hook);
+    PyObject *fin = first ? PyObject_GetAttr((PyObject *)self,
+                                             st->str_asyncgen_finalizer_hook)
+                          : NULL;
+    if (fin == NULL) {
+        Py_XDECREF(first);
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *kw = Py_BuildValue("{OOOO}", st->str_firstiter, first,
+                                 st->str_finalizer, fin);
+    Py_DECREF(first);
+    Py_DECREF(fin);
+    if (kw == NULL)
+        return -1;
+    PyObject *empty = PyTuple_New(0);
+    PyObject *r = empty ? PyObject_Call(st->set_asyncgen_hooks, empty, kw) : NULL;
+    Py_XDECREF(empty);
+    Py_DECREF(kw);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *
+loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    tl_state *st = self->state;
+    if (check_closed(self) < 0 || check_fork(self) < 0)
+        return NULL;
+    if (self->thread_id != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "This event loop is already running");
+        return NULL;
+    }
+    PyObject *running = PyObject_CallNoArgs(st->get_running_loop);
+    if (running == NULL)
+        return NULL;
+    Py_DECREF(running);
+    if (running != Py_None) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "Cannot run the event loop while another loop is running");
+        return NULL;
+    }
+    if (call_optional_method(self, st->str_set_coroutine_origin_tracking,
+                             self->debug ? Py_True : Py_False) < 0)
+        return NULL;
+    PyObject *old_hooks = PyObject_CallNoArgs(st->get_asyncgen_hooks);
+    if (old_hooks == NULL)
+        return NULL;
+
+    int failed = 0;
+    self->thread_id = PyThread_get_thread_ident();
+    if (install_asyncgen_hooks(self) < 0) {
+        failed = 1;
+    }
+    else {
+        PyObject *r = PyObject_CallOneArg(st->set_running_loop, (PyObject *)self);
+        if (r == NULL) {
+            failed = 1;
+        }
+        else {
+            Py_DECREF(r);
+            for (;;) {
+                if (run_once(self) < 0) {
+                    failed = 1;
+                    break;
+                }
+                if (self->stopping)
+                    break;
+            }
+        }
+    }
+
+    /* finally: */
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    self->stopping = 0;
+    self->thread_id = 0;
+    PyObject *r = PyObject_CallOneArg(st->set_running_loop, Py_None);
+    if (r == NULL)
+        failed = 2;
+    Py_XDECREF(r);
+    if (failed != 2 &&
+        call_optional_method(self, st->str_set_coroutine_origin_tracking,
+                             Py_False) < 0)
+        failed = 2;
+    if (failed != 2) {
+        r = PyObject_Call(st->set_asyncgen_hooks, old_hooks, NULL);
+        if (r == NULL)
+            failed = 2;
+        Py_XDECREF(r);
+    }
+    Py_DECREF(old_hooks);
+    if (et != NULL) {
+        if (failed == 2)
+            PyErr_Clear();   /* the original exception wins */
+        PyErr_Restore(et, ev, etb);
+        return NULL;
+    }
+    if (failed)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+loop_write_to_self(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    write_wakeup(self);
+    Py_RETURN_NONE;
+}
+
+/* The core part of close(); tideloop.Loop.close adds executor and signal
+ * cleanup around it. */
+static PyObject *
+loop_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->thread_id != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "Cannot close a running event loop");
+        return NULL;
+    }
+    if (self->closed)
+        Py_RETURN_NONE;
+    self->closed = 1;
+    ready_clear(self);
+    timers_clear(self);
+    for (size_t fd = 0; fd < self->fds_cap; fd++) {
+        tl_fdentry *e = &self->fds[fd];
+        Py_CLEAR(e->reader);
+        Py_CLEAR(e->writer);
+        e->mask = 0;
+        e->internal = 0;
+    }
+    self->fds_registered = 0;
+    if (self->poller != NULL) {
+        if (is_forked(self))
+            tl_poller_abandon(self->poller);
+        else
+            tl_poller_free(self->poller);
+        self->poller = NULL;
+    }
+    if (self->wakeup_fd >= 0) {
+        close(self->wakeup_fd);
+        self->wakeup_fd = -1;
+    }
+    Py_RETURN_NONE;
+}
+
+static int
+add_io(LoopObject *self, PyObject *const *args, Py_ssize_t nargs,
+       const char *method, int which, int ret_handle, PyObject **out)
+{
+    if (nargs < 2) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s() missing required positional argument: '%s'",
+                     method, nargs == 0 ? "fd" : "callback");
+        return -1;
+    }
+    int fd = fd_from_object(args[0]);
+    if (fd < 0)
+        return -1;
+    if (check_closed(self) < 0 || check_fork(self) < 0)
+        return -1;
+    if (fd_reserve(self, fd) < 0)
+        return -1;
+    tl_state *st = self->state;
+    HandleObject *h = tl_handle_new(st, st->HandleType, self, args[1], args + 2,
+                                    nargs - 2, NULL);
+    if (h == NULL)
+        return -1;
+    tl_fdentry *e = &self->fds[fd];
+    if (e->internal) {
+        Py_DECREF(h);
+        PyErr_Format(PyExc_RuntimeError,
+                     "File descriptor %d is used internally by the event loop",
+                     fd);
+        return -1;
+    }
+    if (fd_set_mask(self, fd, e->mask | which) < 0) {
+        Py_DECREF(h);
+        return -1;
+    }
+    e = &self->fds[fd];
+    HandleObject **slot = which == TL_POLL_READ ? &e->reader : &e->writer;
+    HandleObject *old = *slot;
+    *slot = h;
+    if (old != NULL) {
+        int rc = tl_handle_cancel(old);
+        Py_DECREF(old);
+        if (rc < 0)
+            return -1;
+    }
+    *out = ret_handle ? Py_NewRef((PyObject *)h) : Py_NewRef(Py_None);
+    return 0;
+}
+
+static PyObject *
+remove_io(LoopObject *self, PyObject *fileobj, int which)
+{
+    int fd = fd_from_object(fileobj);
+    if (fd < 0)
+        return NULL;
+    if (self->closed)
+        Py_RETURN_FALSE;
+    if (check_fork(self) < 0)
+        return NULL;
+    if ((size_t)fd >= self->fds_cap)
+        Py_RETURN_FALSE;
+    tl_fdentry *e = &self->fds[fd];
+    if (e->internal)
+        Py_RETURN_FALSE;
+    HandleObject **slot = which == TL_POLL_READ ? &e->reader : &e->writer;
+    if (fd_set_mask(self, fd, e->mask & ~which) < 0) {
+        /* The kernel forgot the fd already (closed); keep our table honest. */
+        PyErr_Clear();
+        if (e->mask)
+            self->fds_registered--;
+        e->mask = 0;
+    }
+    HandleObject *old = *slot;
+    if (old == NULL)
+        Py_RETURN_FALSE;
+    *slot = NULL;
+    int rc = tl_handle_cancel(old);
+    Py_DECREF(old);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+loop_add_reader(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *out;
+    if (add_io(self, args, nargs, "add_reader", TL_POLL_READ, 0, &out) < 0)
+        return NULL;
+    return out;
+}
+
+static PyObject *
+loop_add_writer(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *out;
+    if (add_io(self, args, nargs, "add_writer", TL_POLL_WRITE, 0, &out) < 0)
+        return NULL;
+    return out;
+}
+
+static PyObject *
+loop__add_reader(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *out;
+    if (add_io(self, args, nargs, "_add_reader", TL_POLL_READ, 1, &out) < 0)
+        return NULL;
+    return out;
+}
+
+static PyObject *
+loop__add_writer(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *out;
+    if (add_io(self, args, nargs, "_add_writer", TL_POLL_WRITE, 1, &out) < 0)
+        return NULL;
+    return out;
+}
+
+static PyObject *
+loop_remove_reader(LoopObject *self, PyObject *fd)
+{
+    return remove_io(self, fd, TL_POLL_READ);
+}
+
+static PyObject *
+loop_remove_writer(LoopObject *self, PyObject *fd)
+{
+    return remove_io(self, fd, TL_POLL_WRITE);
+}
+
+static PyObject *
+loop_create_future(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *args[1] = {(PyObject *)self};
+    return PyObject_Vectorcall(self->state->Future, args, 0,
+                               self->state->kw_loop);
+}
+
+static PyObject *
+loop_create_task(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
+                 PyObject *kwnames)
+{
+    tl_state *st = self->state;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *name = Py_None, *context = Py_None;
+    if (kwnames != NULL) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++) {
+            PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+            if (PyUnicode_Compare(k, st->str_name) == 0)
+                name = args[nargs + i];
+            else if (PyUnicode_Compare(k, st->str_context) == 0)
+                context = args[nargs + i];
+            else {
+                PyErr_Format(PyExc_TypeError,
+                             "create_task() got an unexpected keyword "
+                             "argument '%U'", k);
+                return NULL;
+            }
+        }
+    }
+    if (nargs != 1) {
+        if (nargs == 0)
+            PyErr_SetString(PyExc_TypeError,
+                            "create_task() missing 1 required positional "
+                            "argument: 'coro'");
+        else
+            PyErr_Format(PyExc_TypeError,
+                         "create_task() takes 1 positional argument but %zd "
+                         "were given", nargs);
+        return NULL;
+    }
+    if (check_closed(self) < 0)
+        return NULL;
+    PyObject *coro = args[0];
+    if (self->task_factory == NULL) {
+        PyObject *cargs[4] = {coro, (PyObject *)self, NULL, NULL};
+        PyObject *kw = PyTuple_New(1 + (name != Py_None) + (context != Py_None));
+        if (kw == NULL)
+            return NULL;
+        Py_ssize_t k = 0;
+        PyTuple_SET_ITEM(kw, k, Py_NewRef(PyTuple_GET_ITEM(st->kw_loop, 0)));
+        k++;
+        if (name != Py_None) {
+            cargs[1 + k] = name;
+            PyTuple_SET_ITEM(kw, k, Py_NewRef(st->str_name));
+            k++;
+        }
+        if (context != Py_None) {
+            cargs[1 + k] = context;
+            PyTuple_SET_ITEM(kw, k, Py_NewRef(st->str_context));
+            k++;
+        }
+        PyObject *task = PyObject_Vectorcall(st->Task, cargs, 1, kw);
+        Py_DECREF(kw);
+        return task;
+    }
+    PyObject *task;
+    if (context == Py_None) {
+        PyObject *fargs[2] = {(PyObject *)self, coro};
+        task = PyObject_Vectorcall(self->task_factory, fargs, 2, NULL);
+    }
+    else {
+        PyObject *fargs[3] = {(PyObject *)self, coro, context};
+        PyObject *kw = PyTuple_Pack(1, st->str_context);
+        if (kw == NULL)
+            return NULL;
+        task = PyObject_Vectorcall(self->task_factory, fargs, 2, kw);
+        Py_DECREF(kw);
+    }
+    if (task == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallFunctionObjArgs(st->set_task_name, task, name,
+                                               NULL);
+    if (r == NULL) {
+        Py_DECREF(task);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return task;
+}
+
+static PyObject *
+loop_set_task_factory(LoopObject *self, PyObject *factory)
+{
+    if (factory != Py_None && !PyCallable_Check(factory)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "task factory must be a callable or None");
+        return NULL;
+    }
+    Py_XSETREF(self->task_factory,
+               factory == Py_None ? NULL : Py_NewRef(factory));
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+loop_get_task_factory(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_NewRef(self->task_factory ? self->task_factory : Py_None);
+}
+
+/* Open the pipe the interpreter's signal handler writes signal numbers to;
+ * returns its write end for signal.set_wakeup_fd(). */
+static PyObject *
+loop_signal_pipe_open(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (check_closed(self) < 0 || check_fork(self) < 0)
+        return NULL;
+    if (self->signal_wfd >= 0)
+        return PyLong_FromLong(self->signal_wfd);
+    int p[2];
+    if (pipe2(p, O_NONBLOCK | O_CLOEXEC) < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    if (register_internal_fd(self, p[0], TL_FD_SIGNAL) < 0) {
+        close(p[0]);
+        close(p[1]);
+        return NULL;
+    }
+    self->signal_rfd = p[0];
+    self->signal_wfd = p[1];
+    return PyLong_FromLong(self->signal_wfd);
+}
+
+static PyObject *
+loop_signal_pipe_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->signal_rfd >= 0) {
+        if (!self->closed)
+            unregister_internal_fd(self, self->signal_rfd);
+        close(self->signal_rfd);
+        close(self->signal_wfd);
+        self->signal_rfd = self->signal_wfd = -1;
+    }
+    Py_RETURN_NONE;
+}
+
+/* An unscheduled Handle, for signal handlers (asyncio builds them with
+ * events.Handle(callback, args, loop, None)). */
+static PyObject *
+loop_make_handle(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "_make_handle() needs a callback");
+        return NULL;
+    }
+    tl_state *st = self->state;
+    return (PyObject *)tl_handle_new(st, st->HandleType, self, args[0],
+                                     args + 1, nargs - 1, NULL);
+}
+
+static PyObject *
+loop_stats(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue(
+        "{sKsKsKsKsKsdsnsnsns}",
+        "iterations", (unsigned long long)self->n_iterations,
+        "callbacks", (unsigned long long)self->n_callbacks,
+        "io_events", (unsigned long long)self->n_io_events,
+        "timers_fired", (unsigned long long)self->n_timers_fired,
+        "slow_callbacks", (unsigned long long)self->n_slow_callbacks,
+        "poll_time", self->poll_time,
+        "ready", (Py_ssize_t)self->ready_len,
+        "timers", (Py_ssize_t)self->timers.len,
+        "fds", (Py_ssize_t)self->fds_registered,
+        "backend", tl_poller_name());
+}
+
+static PyObject *
+loop_get_current_handle(LoopObject *self, void *Py_UNUSED(c))
+{
+    return Py_NewRef(self->current_handle ? self->current_handle : Py_None);
+}
+
+static PyObject *
+loop_get_signal_handlers(LoopObject *self, void *Py_UNUSED(c))
+{
+    return Py_NewRef(self->signal_handlers);
+}
+
+static PyObject *
+loop_get_thread_id(LoopObject *self, void *Py_UNUSED(c))
+{
+    if (self->thread_id == 0)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(self->thread_id);
+}
+
+static PyObject *
+loop_get_stopping(LoopObject *self, void *Py_UNUSED(c))
+{
+    return PyBool_FromLong(self->stopping);
+}
+
+static PyObject *
+loop_get_debug_attr(LoopObject *self, void *Py_UNUSED(c))
+{
+    return PyBool_FromLong(self->debug);
+}
+
+static PyObject *
+loop_get_closed(LoopObject *self, void *Py_UNUSED(c))
+{
+    return PyBool_FromLong(self->closed);
+}
+
+static PyObject *
+loop_get_clock_resolution(LoopObject *self, void *Py_UNUSED(c))
+{
+    return PyFloat_FromDouble(self->clock_resolution);
+}
+
+static PyObject *
+loop_get_slow(LoopObject *self, void *Py_UNUSED(c))
+{
+    return PyFloat_FromDouble(self->slow_callback_duration);
+}
+
+static int
+loop_set_slow(LoopObject *self, PyObject *v, void *Py_UNUSED(c))
+{
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError,
+                        "cannot delete slow_callback_duration");
+        return -1;
+    }
+    double d = PyFloat_AsDouble(v);
+    if (d == -1.0 && PyErr_Occurred())
+        return -1;
+    self->slow_callback_duration = d;
+    return 0;
+}
+
+/* ---- type plumbing ---- */
+
+static PyObject *
+loop_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    (void)args;
+    (void)kwds;
+    LoopObject *self = (LoopObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    /* tp_alloc zeroed the object. */
+    self->wakeup_fd = self->signal_rfd = self->signal_wfd = -1;
+    self->slow_callback_duration = 0.1;
+    PyObject *m = NULL;
+    for (PyTypeObject *t = type; t != NULL; t = t->tp_base) {
+        if (t->tp_flags & Py_TPFLAGS_HEAPTYPE) {
+            m = PyType_GetModule(t);
+            if (m != NULL)
+                break;
+            PyErr_Clear();
+        }
+    }
+    if (m == NULL) {
+        Py_DECREF(self);
+        PyErr_SetString(PyExc_TypeError, "tideloop core module not found");
+        return NULL;
+    }
+    self->state = (tl_state *)PyModule_GetState(m);
+    self->fork_generation = self->state->fork_generation;
+    struct timespec res;
+    clock_getres(CLOCK_MONOTONIC, &res);
+    self->clock_resolution = (double)res.tv_sec + (double)res.tv_nsec * 1e-9;
+    self->signal_handlers = PyDict_New();
+    if (self->signal_handlers == NULL)
+        goto error;
+    self->poller = tl_poller_create();
+    if (self->poller == NULL) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto error;
+    }
+    self->wakeup_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (self->wakeup_fd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto error;
+    }
+    if (register_internal_fd(self, self->wakeup_fd, TL_FD_WAKEUP) < 0)
+        goto error;
+    return (PyObject *)self;
+error:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static int
+loop_traverse(LoopObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    for (size_t i = 0; i < self->ready_len; i++)
+        Py_VISIT(self->ready[(self->ready_head + i) & (self->ready_cap - 1)]);
+    for (size_t i = 0; i < self->timers.len; i++)
+        Py_VISIT(HANDLE_OF_NODE(self->timers.nodes[i]));
+    for (size_t fd = 0; fd < self->fds_cap; fd++) {
+        Py_VISIT(self->fds[fd].reader);
+        Py_VISIT(self->fds[fd].writer);
+    }
+    Py_VISIT(self->current_handle);
+    Py_VISIT(self->task_factory);
+    Py_VISIT(self->signal_handlers);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int
+loop_clear(LoopObject *self)
+{
+    ready_clear(self);
+    timers_clear(self);
+    for (size_t fd = 0; fd < self->fds_cap; fd++) {
+        Py_CLEAR(self->fds[fd].reader);
+        Py_CLEAR(self->fds[fd].writer);
+    }
+    Py_CLEAR(self->current_handle);
+    Py_CLEAR(self->task_factory);
+    Py_CLEAR(self->signal_handlers);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void
+loop_dealloc(LoopObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    if (self->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    loop_clear(self);
+    if (self->poller != NULL) {
+        if (is_forked(self))
+            tl_poller_abandon(self->poller);
+        else
+            tl_poller_free(self->poller);
+    }
+    if (self->wakeup_fd >= 0)
+        close(self->wakeup_fd);
+    if (self->signal_rfd >= 0) {
+        close(self->signal_rfd);
+        close(self->signal_wfd);
+    }
+    PyMem_Free(self->ready);
+    PyMem_Free(self->fds);
+    PyMem_Free(self->events);
+    tl_heap_free(&self->timers);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef loop_methods[] = {
+    {"time", (PyCFunction)loop_time, METH_NOARGS,
+     "Return the time according to the loop's clock (time.monotonic())."},
+    {"call_soon", (PyCFunction)(void (*)(void))loop_call_soon,
+     METH_FASTCALL | METH_KEYWORDS,
+     "call_soon(callback, *args, context=None) -> Handle"},
+    {"call_soon_threadsafe", (PyCFunction)(void (*)(void))loop_call_soon_threadsafe,
+     METH_FASTCALL | METH_KEYWORDS,
+     "Like call_soon(), but thread-safe: wakes the loop if it sleeps."},
+    {"call_later", (PyCFunction)(void (*)(void))loop_call_later,
+     METH_FASTCALL | METH_KEYWORDS,
+     "call_later(delay, callback, *args, context=None) -> TimerHandle"},
+    {"call_at", (PyCFunction)(void (*)(void))loop_call_at,
+     METH_FASTCALL | METH_KEYWORDS,
+     "call_at(when, callback, *args, context=None) -> TimerHandle"},
+    {"stop", (PyCFunction)loop_stop, METH_NOARGS,
+     "Stop after the current iteration."},
+    {"is_running", (PyCFunction)loop_is_running, METH_NOARGS, NULL},
+    {"is_closed", (PyCFunction)loop_is_closed, METH_NOARGS, NULL},
+    {"get_debug", (PyCFunction)loop_get_debug, METH_NOARGS, NULL},
+    {"_set_debug_flag", (PyCFunction)loop_set_debug_flag, METH_O, NULL},
+    {"run_forever", (PyCFunction)loop_run_forever, METH_NOARGS,
+     "Run until stop() is called."},
+    {"_run_once", (PyCFunction)loop_run_once, METH_NOARGS,
+     "Run one iteration of the loop."},
+    {"_write_to_self", (PyCFunction)loop_write_to_self, METH_NOARGS, NULL},
+    {"close", (PyCFunction)loop_close, METH_NOARGS,
+     "Close the loop: drop queued callbacks and release the poller."},
+    {"add_reader", (PyCFunction)(void (*)(void))loop_add_reader, METH_FASTCALL,
+     "add_reader(fd, callback, *args)"},
+    {"add_writer", (PyCFunction)(void (*)(void))loop_add_writer, METH_FASTCALL,
+     "add_writer(fd, callback, *args)"},
+    {"_add_reader", (PyCFunction)(void (*)(void))loop__add_reader, METH_FASTCALL,
+     NULL},
+    {"_add_writer", (PyCFunction)(void (*)(void))loop__add_writer, METH_FASTCALL,
+     NULL},
+    {"remove_reader", (PyCFunction)loop_remove_reader, METH_O, NULL},
+    {"remove_writer", (PyCFunction)loop_remove_writer, METH_O, NULL},
+    {"_remove_reader", (PyCFunction)loop_remove_reader, METH_O, NULL},
+    {"_remove_writer", (PyCFunction)loop_remove_writer, METH_O, NULL},
+    {"create_future", (PyCFunction)loop_create_future, METH_NOARGS,
+     "Create a Future attached to the loop."},
+    {"create_task", (PyCFunction)(void (*)(void))loop_create_task,
+     METH_FASTCALL | METH_KEYWORDS,
+     "create_task(coro, *, name=None, context=None) -> Task"},
+    {"set_task_factory", (PyCFunction)loop_set_task_factory, METH_O, NULL},
+    {"get_task_factory", (PyCFunction)loop_get_task_factory, METH_NOARGS, NULL},
+    {"_signal_pipe_open", (PyCFunction)loop_signal_pipe_open, METH_NOARGS, NULL},
+    {"_signal_pipe_close", (PyCFunction)loop_signal_pipe_close, METH_NOARGS, NULL},
+    {"_make_handle", (PyCFunction)(void (*)(void))loop_make_handle,
+     METH_FASTCALL, NULL},
+    {"_stats", (PyCFunction)loop_stats, METH_NOARGS,
+     "Counters of the loop's work (iterations, callbacks, io events, ...)."},
+    {NULL}
+};
+
+static PyGetSetDef loop_getset[] = {
+    {"_current_handle", (getter)loop_get_current_handle, NULL, NULL, NULL},
+    {"_signal_handlers", (getter)loop_get_signal_handlers, NULL, NULL, NULL},
+    {"_thread_id", (getter)loop_get_thread_id, NULL, NULL, NULL},
+    {"_stopping", (getter)loop_get_stopping, NULL, NULL, NULL},
+    {"_debug", (getter)loop_get_debug_attr, NULL, NULL, NULL},
+    {"_closed", (getter)loop_get_closed, NULL, NULL, NULL},
+    {"_clock_resolution", (getter)loop_get_clock_resolution, NULL, NULL, NULL},
+    {"slow_callback_duration", (getter)loop_get_slow, (setter)loop_set_slow,
+     "Callbacks slower than this (seconds) are logged in debug mode.", NULL},
+    {NULL}
+};
+
+static PyMemberDef loop_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(LoopObject, weakreflist),
+     READONLY, NULL},
+    {"__dictoffset__", T_PYSSIZET, offsetof(LoopObject, dict), READONLY, NULL},
+    {NULL}
+};
+
+static PyType_Slot loop_slots[] = {
+    {Py_tp_new, loop_new},
+    {Py_tp_dealloc, loop_dealloc},
+    {Py_tp_traverse, loop_traverse},
+    {Py_tp_clear, loop_clear},
+    {Py_tp_methods, loop_methods},
+    {Py_tp_getset, loop_getset},
+    {Py_tp_members, loop_members},
+    {Py_tp_doc, "The tideloop event loop core (use tideloop.Loop)."},
+    {0, NULL}
+};
+
+PyType_Spec tl_loop_spec = {
+    .name = "tideloop._core.Loop",
+    .basicsize = sizeof(LoopObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .slots = loop_slots,
+};

@@ -1,0 +1,216 @@
+/* Module init, module state, type registration. */
+#include "internal.h"
+
+static int
+import_attr(PyObject **out, const char *module, const char *attr)
+{
+    PyObject *m = PyImport_ImportModule(module);
+    if (m == NULL)
+        return -1;
+    *out = PyObject_GetAttrString(m, attr);
+    Py_DECREF(m);
+    return *out == NULL ? -1 : 0;
+}
+
+static int
+intern(PyObject **out, const char *s)
+{
+    *out = PyUnicode_InternFromString(s);
+    return *out == NULL ? -1 : 0;
+}
+
+static PyObject *
+after_fork_child(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    tl_state *st = PyModule_GetState(module);
+    st->fork_generation++;
+    Py_RETURN_NONE;
+}
+
+/* Installed with signal.signal() for signals that have a loop handler: the
+ * interpreter's C handler writes the number to the wakeup fd, the loop reads
+ * it there; the Python-level handler has nothing left to do. */
+static PyObject *
+sighandler_noop(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    (void)args;
+    (void)nargs;
+    Py_RETURN_NONE;
+}
+
+static int
+core_exec(PyObject *m)
+{
+    tl_state *st = PyModule_GetState(m);
+
+    st->HandleType = (PyTypeObject *)PyType_FromModuleAndSpec(
+        m, &tl_handle_spec, NULL);
+    if (st->HandleType == NULL)
+        return -1;
+    st->TimerHandleType = (PyTypeObject *)PyType_FromModuleAndSpec(
+        m, &tl_timer_handle_spec, (PyObject *)st->HandleType);
+    if (st->TimerHandleType == NULL)
+        return -1;
+    st->LoopType = (PyTypeObject *)PyType_FromModuleAndSpec(
+        m, &tl_loop_spec, NULL);
+    if (st->LoopType == NULL)
+        return -1;
+    if (PyModule_AddType(m, st->HandleType) < 0 ||
+        PyModule_AddType(m, st->TimerHandleType) < 0 ||
+        PyModule_AddType(m, st->LoopType) < 0)
+        return -1;
+
+    if (import_attr(&st->Future, "asyncio", "Future") < 0 ||
+        import_attr(&st->Task, "asyncio", "Task") < 0 ||
+        import_attr(&st->set_running_loop, "asyncio.events",
+                    "_set_running_loop") < 0 ||
+        import_attr(&st->get_running_loop, "asyncio.events",
+                    "_get_running_loop") < 0 ||
+        import_attr(&st->set_task_name, "asyncio.tasks", "_set_task_name") < 0 ||
+        import_attr(&st->format_callback_source, "asyncio.format_helpers",
+                    "_format_callback_source") < 0 ||
+        import_attr(&st->extract_stack, "asyncio.format_helpers",
+                    "extract_stack") < 0 ||
+        import_attr(&st->iscoroutine, "asyncio.coroutines", "iscoroutine") < 0 ||
+        import_attr(&st->iscoroutinefunction, "asyncio.coroutines",
+                    "iscoroutinefunction") < 0 ||
+        import_attr(&st->logger, "asyncio.log", "logger") < 0 ||
+        import_attr(&st->format_handle, "asyncio.base_events",
+                    "_format_handle") < 0 ||
+        import_attr(&st->get_asyncgen_hooks, "sys", "get_asyncgen_hooks") < 0 ||
+        import_attr(&st->set_asyncgen_hooks, "sys", "set_asyncgen_hooks") < 0)
+        return -1;
+
+    if (intern(&st->str_context, "context") < 0 ||
+        intern(&st->str_name, "name") < 0 ||
+        intern(&st->str_call_exception_handler, "call_exception_handler") < 0 ||
+        intern(&st->str_message, "message") < 0 ||
+        intern(&st->str_exception, "exception") < 0 ||
+        intern(&st->str_handle, "handle") < 0 ||
+        intern(&st->str_source_traceback, "source_traceback") < 0 ||
+        intern(&st->str_firstiter, "firstiter") < 0 ||
+        intern(&st->str_finalizer, "finalizer") < 0 ||
+        intern(&st->str_asyncgen_firstiter_hook, "_asyncgen_firstiter_hook") < 0 ||
+        intern(&st->str_asyncgen_finalizer_hook, "_asyncgen_finalizer_hook") < 0 ||
+        intern(&st->str_set_coroutine_origin_tracking,
+               "_set_coroutine_origin_tracking") < 0 ||
+        intern(&st->str_remove_signal_handler, "remove_signal_handler") < 0 ||
+        intern(&st->str_warning, "warning") < 0)
+        return -1;
+    PyObject *loop_str = PyUnicode_InternFromString("loop");
+    if (loop_str == NULL)
+        return -1;
+    st->kw_loop = PyTuple_Pack(1, loop_str);
+    Py_DECREF(loop_str);
+    if (st->kw_loop == NULL)
+        return -1;
+    if (PyModule_AddStringConstant(m, "poller_backend", tl_poller_name()) < 0)
+        return -1;
+    return 0;
+}
+
+static int
+core_traverse(PyObject *m, visitproc visit, void *arg)
+{
+    tl_state *st = PyModule_GetState(m);
+    if (st == NULL)
+        return 0;
+    Py_VISIT(st->LoopType);
+    Py_VISIT(st->HandleType);
+    Py_VISIT(st->TimerHandleType);
+    Py_VISIT(st->Future);
+    Py_VISIT(st->Task);
+    Py_VISIT(st->set_running_loop);
+    Py_VISIT(st->get_running_loop);
+    Py_VISIT(st->set_task_name);
+    Py_VISIT(st->format_callback_source);
+    Py_VISIT(st->extract_stack);
+    Py_VISIT(st->iscoroutine);
+    Py_VISIT(st->iscoroutinefunction);
+    Py_VISIT(st->logger);
+    Py_VISIT(st->format_handle);
+    Py_VISIT(st->get_asyncgen_hooks);
+    Py_VISIT(st->set_asyncgen_hooks);
+    return 0;
+}
+
+static int
+core_clear(PyObject *m)
+{
+    tl_state *st = PyModule_GetState(m);
+    if (st == NULL)
+        return 0;
+    Py_CLEAR(st->LoopType);
+    Py_CLEAR(st->HandleType);
+    Py_CLEAR(st->TimerHandleType);
+    Py_CLEAR(st->Future);
+    Py_CLEAR(st->Task);
+    Py_CLEAR(st->set_running_loop);
+    Py_CLEAR(st->get_running_loop);
+    Py_CLEAR(st->set_task_name);
+    Py_CLEAR(st->format_callback_source);
+    Py_CLEAR(st->extract_stack);
+    Py_CLEAR(st->iscoroutine);
+    Py_CLEAR(st->iscoroutinefunction);
+    Py_CLEAR(st->logger);
+    Py_CLEAR(st->format_handle);
+    Py_CLEAR(st->get_asyncgen_hooks);
+    Py_CLEAR(st->set_asyncgen_hooks);
+    Py_CLEAR(st->kw_loop);
+    Py_CLEAR(st->str_context);
+    Py_CLEAR(st->str_name);
+    Py_CLEAR(st->str_call_exception_handler);
+    Py_CLEAR(st->str_message);
+    Py_CLEAR(st->str_exception);
+    Py_CLEAR(st->str_handle);
+    Py_CLEAR(st->str_source_traceback);
+    Py_CLEAR(st->str_firstiter);
+    Py_CLEAR(st->str_finalizer);
+    Py_CLEAR(st->str_asyncgen_firstiter_hook);
+    Py_CLEAR(st->str_asyncgen_finalizer_hook);
+    Py_CLEAR(st->str_set_coroutine_origin_tracking);
+    Py_CLEAR(st->str_remove_signal_handler);
+    Py_CLEAR(st->str_warning);
+    return 0;
+}
+
+static void
+core_free(void *m)
+{
+    tl_state *st = PyModule_GetState((PyObject *)m);
+    if (st != NULL)
+        tl_handle_free_list(st);
+    core_clear((PyObject *)m);
+}
+
+static PyMethodDef core_functions[] = {
+    {"_after_fork_child", after_fork_child, METH_NOARGS,
+     "Mark loops created before os.fork() as unusable (child side)."},
+    {"_sighandler_noop", (PyCFunction)(void (*)(void))sighandler_noop,
+     METH_FASTCALL, NULL},
+    {NULL}
+};
+
+static PyModuleDef_Slot core_slots[] = {
+    {Py_mod_exec, core_exec},
+    {0, NULL}
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "tideloop._core",
+    .m_doc = "The tideloop event loop core, in C.",
+    .m_size = sizeof(tl_state),
+    .m_methods = core_functions,
+    .m_slots = core_slots,
+    .m_traverse = core_traverse,
+    .m_clear = core_clear,
+    .m_free = core_free,
+};
+
+PyMODINIT_FUNC
+PyInit__core(void)
+{
+    return PyModuleDef_Init(&core_module);
+}
