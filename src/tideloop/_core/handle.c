@@ -4,21 +4,99 @@
 
 #include <structmember.h>
 
+/* Context snapshots.
+ *
+ * asyncio runs each callback in a copy of the context current at scheduling
+ * time.  A copy is a new Context object per call_soon.  Instead we keep the
+ * copy's only content -- the immutable variables mapping (a HAMT) -- and at
+ * run time install it into one reusable Context owned by the loop.  Each
+ * callback starts from its own snapshot and its changes are dropped after it
+ * returns, exactly as with a throwaway copy.  If anything keeps a reference
+ * to the reusable Context (a Token from ContextVar.set), the loop replaces it
+ * so that Context's identity is never shared between callbacks.
+ *
+ * This needs the Context object layout, which is not public API; it is
+ * checked at import (tl_context_init) and the plain copy is used otherwise. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *ctx_prev;
+    PyObject *ctx_vars;
+    PyObject *ctx_weakreflist;
+    int ctx_entered;
+} tl_context_layout;
+
+#define CTX(o) ((tl_context_layout *)(o))
+
+int
+tl_context_init(tl_state *st)
+{
+    st->fast_context = 0;
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
+    PyObject *ctx = PyContext_New();
+    if (ctx == NULL)
+        return -1;
+    PyObject *vars = CTX(ctx)->ctx_vars;
+    int ok = vars != NULL && strcmp(Py_TYPE(vars)->tp_name, "hamt") == 0 &&
+             CTX(ctx)->ctx_entered == 0 && CTX(ctx)->ctx_prev == NULL;
+    if (ok) {
+        if (PyContext_Enter(ctx) < 0) {
+            Py_DECREF(ctx);
+            return -1;
+        }
+        ok = CTX(ctx)->ctx_entered == 1 &&
+             PyThreadState_Get()->context == ctx;
+        if (PyContext_Exit(ctx) < 0) {
+            Py_DECREF(ctx);
+            return -1;
+        }
+        ok = ok && CTX(ctx)->ctx_entered == 0;
+    }
+    if (ok) {
+        st->empty_vars = Py_NewRef(vars);
+        st->fast_context = 1;
+    }
+    Py_DECREF(ctx);
+#endif
+    return 0;
+}
+
+/* A new Context holding vars (a snapshot). */
+PyObject *
+tl_context_from_vars(PyObject *vars)
+{
+    PyObject *ctx = PyContext_New();
+    if (ctx == NULL)
+        return NULL;
+    Py_SETREF(CTX(ctx)->ctx_vars, Py_NewRef(vars));
+    return ctx;
+}
+
+static inline PyObject *
+current_vars(tl_state *st)
+{
+    PyObject *cur = PyThreadState_GET()->context;
+    return cur != NULL ? CTX(cur)->ctx_vars : st->empty_vars;
+}
+
 /* Drop the callback and its arguments (cancel, dealloc, clear). */
 static void
 handle_clear_call(HandleObject *h)
 {
     Py_CLEAR(h->callback);
-    Py_CLEAR(h->args_tuple);
-    for (Py_ssize_t i = 0; i < TL_INLINE_ARGS; i++)
-        Py_CLEAR(h->argv[i]);
+    if (h->args_tuple != NULL) {
+        Py_CLEAR(h->args_tuple);
+    }
+    else {
+        for (Py_ssize_t i = 0; i < h->nargs; i++)
+            Py_CLEAR(h->argv[i]);
+    }
     h->nargs = 0;
 }
 
 HandleObject *
 tl_handle_new(tl_state *st, PyTypeObject *type, LoopObject *loop,
               PyObject *callback, PyObject *const *args, Py_ssize_t nargs,
-              PyObject *context)
+              PyObject *context, int reusable)
 {
     HandleObject *h = st->handle_freelist;
     if (h != NULL) {
@@ -41,6 +119,8 @@ tl_handle_new(tl_state *st, PyTypeObject *type, LoopObject *loop,
     h->repr_cache = NULL;
     h->cancelled = 0;
     h->scheduled = 0;
+    h->running = 0;
+    h->ctx_vars = NULL;
     h->when = 0.0;
     h->node.index = TL_HEAP_NOT_IN;
     h->nargs = nargs;
@@ -64,7 +144,12 @@ tl_handle_new(tl_state *st, PyTypeObject *type, LoopObject *loop,
     }
     h->callback = Py_NewRef(callback);
     h->loop = (LoopObject *)Py_NewRef(loop);
-    if (context == NULL || context == Py_None) {
+    if ((context == NULL || context == Py_None) && st->fast_context &&
+        !reusable) {
+        h->context = NULL;
+        h->ctx_vars = Py_NewRef(current_vars(st));
+    }
+    else if (context == NULL || context == Py_None) {
         h->context = PyContext_CopyCurrent();
         if (h->context == NULL) {
             Py_DECREF(h);
@@ -99,6 +184,7 @@ handle_traverse(HandleObject *h, visitproc visit, void *arg)
     for (Py_ssize_t i = 0; i < TL_INLINE_ARGS; i++)
         Py_VISIT(h->argv[i]);
     Py_VISIT(h->context);
+    Py_VISIT(h->ctx_vars);
     Py_VISIT(h->loop);
     Py_VISIT(h->source_traceback);
     Py_VISIT(h->repr_cache);
@@ -110,6 +196,7 @@ handle_clear(HandleObject *h)
 {
     handle_clear_call(h);
     Py_CLEAR(h->context);
+    Py_CLEAR(h->ctx_vars);
     Py_CLEAR(h->loop);
     Py_CLEAR(h->source_traceback);
     Py_CLEAR(h->repr_cache);
@@ -211,35 +298,42 @@ done:
 int
 tl_handle_run(HandleObject *h)
 {
-    /* The callback may cancel its own handle, which drops these references;
-     * hold our own for the duration of the call. */
     PyObject *callback = h->callback;
-    if (callback == NULL)
+    if (callback == NULL || h->running)
         return 0;
-    PyObject *context = h->context;
-    Py_INCREF(callback);
-    Py_INCREF(context);
-    PyObject *args_tuple = h->args_tuple;
-    PyObject *argv[TL_INLINE_ARGS];
-    PyObject *const *callargs;
+    LoopObject *loop = h->loop;
+    PyObject *ctx = h->context;
+    PyObject *owned_ctx = NULL;
+    int shared = 0;
+    if (ctx == NULL) {
+        PyObject *rc = loop->run_ctx;
+        if (rc != NULL && !CTX(rc)->ctx_entered) {
+            Py_INCREF(h->ctx_vars);
+            Py_SETREF(CTX(rc)->ctx_vars, h->ctx_vars);
+            ctx = rc;
+            shared = 1;
+        }
+        else {
+            /* Nested run (handle._run() from a callback): a private copy. */
+            owned_ctx = ctx = tl_context_from_vars(h->ctx_vars);
+            if (ctx == NULL)
+                return -1;
+        }
+    }
+    PyObject *const *callargs = h->args_tuple != NULL
+                                    ? &PyTuple_GET_ITEM(h->args_tuple, 0)
+                                    : h->argv;
     Py_ssize_t nargs = h->nargs;
-    if (args_tuple != NULL) {
-        Py_INCREF(args_tuple);
-        callargs = &PyTuple_GET_ITEM(args_tuple, 0);
-    }
-    else {
-        for (Py_ssize_t i = 0; i < nargs; i++)
-            argv[i] = Py_NewRef(h->argv[i]);
-        callargs = argv;
-    }
 
+    /* While running, cancel() leaves callback and arguments in place (they
+     * are borrowed by this call); they are dropped afterwards. */
+    h->running = 1;
     int rc = 0;
     PyObject *res = NULL;
-    if (PyContext_Enter(context) == 0) {
+    if (PyContext_Enter(ctx) == 0) {
         res = PyObject_Vectorcall(callback, callargs, nargs, NULL);
-        if (PyContext_Exit(context) < 0) {
+        if (PyContext_Exit(ctx) < 0)
             Py_CLEAR(res);
-        }
     }
     if (res != NULL) {
         Py_DECREF(res);
@@ -249,26 +343,27 @@ tl_handle_run(HandleObject *h)
         rc = -1;
     }
     else {
-        PyObject *t = args_tuple ? Py_NewRef(args_tuple)
-                                 : PyTuple_New(nargs);
+        PyObject *t = handle_args_tuple(h);
         if (t == NULL) {
             rc = -1;
         }
         else {
-            if (args_tuple == NULL)
-                for (Py_ssize_t i = 0; i < nargs; i++)
-                    PyTuple_SET_ITEM(t, i, Py_NewRef(argv[i]));
             rc = handle_report_error(h, callback, t);
             Py_DECREF(t);
         }
     }
-    Py_DECREF(callback);
-    Py_DECREF(context);
-    if (args_tuple != NULL)
-        Py_DECREF(args_tuple);
-    else
-        for (Py_ssize_t i = 0; i < nargs; i++)
-            Py_DECREF(argv[i]);
+    h->running = 0;
+    if (h->cancelled)
+        handle_clear_call(h);
+    if (shared && Py_REFCNT(ctx) > 1) {
+        /* Someone kept the shared Context (a Token, say): give it away and
+         * use a fresh one from now on. */
+        PyObject *fresh = PyContext_New();
+        if (fresh == NULL)
+            return -1;
+        Py_SETREF(loop->run_ctx, fresh);
+    }
+    Py_XDECREF(owned_ctx);
     return rc;
 }
 
@@ -362,16 +457,16 @@ tl_handle_cancel(HandleObject *h)
     h->cancelled = 1;
     if (h->loop->debug) {
         /* Keep the description: 'Executing <Handle...> took 2.5 seconds'. */
-        h->cancelled = 0;
         PyObject *r = handle_repr(h);
-        h->cancelled = 1;
         if (r == NULL) {
-            handle_clear_call(h);
+            if (!h->running)
+                handle_clear_call(h);
             return -1;
         }
         Py_XSETREF(h->repr_cache, r);
     }
-    handle_clear_call(h);
+    if (!h->running)
+        handle_clear_call(h);
     return 0;
 }
 
@@ -392,8 +487,16 @@ handle_cancelled(HandleObject *h, PyObject *Py_UNUSED(ignored))
 static PyObject *
 handle_get_context(HandleObject *h, PyObject *Py_UNUSED(ignored))
 {
-    if (h->context == NULL)
-        Py_RETURN_NONE;
+    if (h->context == NULL) {
+        if (h->ctx_vars == NULL)
+            Py_RETURN_NONE;
+        /* From now on the handle runs in this very object, as asyncio's
+         * would, so changes made through it are seen by the callback. */
+        h->context = tl_context_from_vars(h->ctx_vars);
+        if (h->context == NULL)
+            return NULL;
+        Py_CLEAR(h->ctx_vars);
+    }
     return Py_NewRef(h->context);
 }
 

@@ -25,8 +25,9 @@ typedef struct {
 
     PyObject *Future;                 /* asyncio.Future */
     PyObject *Task;                   /* asyncio.Task */
-    PyObject *set_running_loop;       /* asyncio.events._set_running_loop */
-    PyObject *get_running_loop;       /* asyncio.events._get_running_loop */
+    PyObject *events_module;          /* asyncio.events: the running-loop
+                                         functions are looked up per run, as
+                                         asyncio does (tests swap them) */
     PyObject *set_task_name;          /* asyncio.tasks._set_task_name */
     PyObject *format_callback_source; /* asyncio.format_helpers */
     PyObject *extract_stack;          /* asyncio.format_helpers.extract_stack */
@@ -52,10 +53,17 @@ typedef struct {
     PyObject *str_set_coroutine_origin_tracking;
     PyObject *str_remove_signal_handler;
     PyObject *str_warning;
+    PyObject *str_set_running_loop;
+    PyObject *str_get_running_loop;
 
     /* Recycled handle memory (GC-untracked, type reference dropped). */
     HandleObject *handle_freelist;
     int handle_nfree;
+
+    /* Context snapshots (see handle.c): 1 when this interpreter's
+     * Context layout was verified at import. */
+    int fast_context;
+    PyObject *empty_vars;             /* the variables of an empty Context */
 
     /* Bumped in the child after os.fork(): loops from before are unusable. */
     uint64_t fork_generation;
@@ -67,7 +75,8 @@ struct HandleObject {
     PyObject *args_tuple;        /* only when nargs > TL_INLINE_ARGS */
     PyObject *argv[TL_INLINE_ARGS];
     Py_ssize_t nargs;
-    PyObject *context;
+    PyObject *context;           /* explicit Context, or materialized one */
+    PyObject *ctx_vars;          /* else: the variables at schedule time */
     LoopObject *loop;
     PyObject *source_traceback;  /* debug mode only */
     PyObject *repr_cache;        /* debug mode: repr kept after cancel */
@@ -76,6 +85,7 @@ struct HandleObject {
     tl_heap_node node;           /* timers: heap position */
     char cancelled;
     char scheduled;              /* timers: currently in the heap */
+    char running;                /* cancel() defers dropping the callback */
     HandleObject *next_free;
 };
 
@@ -121,6 +131,7 @@ struct LoopObject {
     double clock_resolution;
     double slow_callback_duration;
     PyObject *current_handle;
+    PyObject *run_ctx;           /* reusable Context for snapshot handles */
     PyObject *task_factory;
     PyObject *signal_handlers;   /* dict: signum -> Handle */
     PyObject *dict;
@@ -138,9 +149,13 @@ struct LoopObject {
 /* handle.c */
 extern PyType_Spec tl_handle_spec;
 extern PyType_Spec tl_timer_handle_spec;
+/* reusable: the handle may run more than once (readers, writers, signals),
+ * so it gets a real Context copy whose changes persist between runs. */
 HandleObject *tl_handle_new(tl_state *st, PyTypeObject *type, LoopObject *loop,
                             PyObject *callback, PyObject *const *args,
-                            Py_ssize_t nargs, PyObject *context);
+                            Py_ssize_t nargs, PyObject *context, int reusable);
+int tl_context_init(tl_state *st);
+PyObject *tl_context_from_vars(PyObject *vars);
 /* 0: ran (errors went to the exception handler); -1: exception to propagate */
 int tl_handle_run(HandleObject *h);
 int tl_handle_cancel(HandleObject *h);   /* -1 only if debug repr fails */

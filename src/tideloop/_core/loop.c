@@ -597,7 +597,7 @@ schedule_soon(LoopObject *self, const char *method, PyObject *const *args,
     }
     tl_state *st = self->state;
     HandleObject *h = tl_handle_new(st, st->HandleType, self, args[0],
-                                    args + 1, nargs - 1, context);
+                                    args + 1, nargs - 1, context, 0);
     if (h == NULL)
         return NULL;
     Py_INCREF(h);
@@ -633,8 +633,8 @@ number_to_double(PyObject *o, double *out)
     }
     if (!PyNumber_Check(o) || PyComplex_Check(o)) {
         PyErr_Format(PyExc_TypeError,
-                     "unsupported operand type(s) for +: 'float' and '%.200s'",
-                     Py_TYPE(o)->tp_name);
+                     "'<' not supported between instances of '%.200s' and "
+                     "'float'", Py_TYPE(o)->tp_name);
         return -1;
     }
     *out = PyFloat_AsDouble(o);
@@ -657,7 +657,7 @@ schedule_at(LoopObject *self, const char *method, double when,
     }
     tl_state *st = self->state;
     HandleObject *h = tl_handle_new(st, st->TimerHandleType, self, args[0],
-                                    args + 1, nargs - 1, context);
+                                    args + 1, nargs - 1, context, 0);
     if (h == NULL)
         return NULL;
     h->when = when;
@@ -686,11 +686,32 @@ loop_call_later(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
         PyErr_SetString(PyExc_TypeError, "delay must not be None");
         return NULL;
     }
-    double delay;
-    if (number_to_double(args[0], &delay) < 0)
-        return NULL;
-    return schedule_at(self, "call_at", tl_monotonic() + delay, args + 1,
-                       nargs - 1, context);
+    double now = tl_monotonic(), when;
+    PyObject *delay = args[0];
+    if (PyFloat_CheckExact(delay)) {
+        when = now + PyFloat_AS_DOUBLE(delay);
+    }
+    else if (PyLong_CheckExact(delay)) {
+        double d = PyLong_AsDouble(delay);
+        if (d == -1.0 && PyErr_Occurred())
+            return NULL;
+        when = now + d;
+    }
+    else {
+        /* asyncio computes self.time() + delay: same result, same errors. */
+        PyObject *pnow = PyFloat_FromDouble(now);
+        if (pnow == NULL)
+            return NULL;
+        PyObject *sum = PyNumber_Add(pnow, delay);
+        Py_DECREF(pnow);
+        if (sum == NULL)
+            return NULL;
+        int rc = number_to_double(sum, &when);
+        Py_DECREF(sum);
+        if (rc < 0)
+            return NULL;
+    }
+    return schedule_at(self, "call_at", when, args + 1, nargs - 1, context);
 }
 
 static PyObject *
@@ -819,7 +840,8 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
         PyErr_SetString(PyExc_RuntimeError, "This event loop is already running");
         return NULL;
     }
-    PyObject *running = PyObject_CallNoArgs(st->get_running_loop);
+    PyObject *running = PyObject_CallMethodNoArgs(st->events_module,
+                                                  st->str_get_running_loop);
     if (running == NULL)
         return NULL;
     Py_DECREF(running);
@@ -841,7 +863,8 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
         failed = 1;
     }
     else {
-        PyObject *r = PyObject_CallOneArg(st->set_running_loop, (PyObject *)self);
+        PyObject *r = PyObject_CallMethodOneArg(
+            st->events_module, st->str_set_running_loop, (PyObject *)self);
         if (r == NULL) {
             failed = 1;
         }
@@ -863,7 +886,8 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
     PyErr_Fetch(&et, &ev, &etb);
     self->stopping = 0;
     self->thread_id = 0;
-    PyObject *r = PyObject_CallOneArg(st->set_running_loop, Py_None);
+    PyObject *r = PyObject_CallMethodOneArg(st->events_module,
+                                            st->str_set_running_loop, Py_None);
     if (r == NULL)
         failed = 2;
     Py_XDECREF(r);
@@ -951,7 +975,7 @@ add_io(LoopObject *self, PyObject *const *args, Py_ssize_t nargs,
         return -1;
     tl_state *st = self->state;
     HandleObject *h = tl_handle_new(st, st->HandleType, self, args[1], args + 2,
-                                    nargs - 2, NULL);
+                                    nargs - 2, NULL, 1);
     if (h == NULL)
         return -1;
     tl_fdentry *e = &self->fds[fd];
@@ -1218,7 +1242,7 @@ loop_make_handle(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     tl_state *st = self->state;
     return (PyObject *)tl_handle_new(st, st->HandleType, self, args[0],
-                                     args + 1, nargs - 1, NULL);
+                                     args + 1, nargs - 1, NULL, 1);
 }
 
 static PyObject *
@@ -1338,6 +1362,9 @@ loop_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->signal_handlers = PyDict_New();
     if (self->signal_handlers == NULL)
         goto error;
+    self->run_ctx = PyContext_New();
+    if (self->run_ctx == NULL)
+        goto error;
     self->poller = tl_poller_create();
     if (self->poller == NULL) {
         PyErr_SetFromErrno(PyExc_OSError);
@@ -1369,6 +1396,7 @@ loop_traverse(LoopObject *self, visitproc visit, void *arg)
         Py_VISIT(self->fds[fd].writer);
     }
     Py_VISIT(self->current_handle);
+    Py_VISIT(self->run_ctx);
     Py_VISIT(self->task_factory);
     Py_VISIT(self->signal_handlers);
     Py_VISIT(self->dict);
@@ -1385,6 +1413,7 @@ loop_clear(LoopObject *self)
         Py_CLEAR(self->fds[fd].writer);
     }
     Py_CLEAR(self->current_handle);
+    Py_CLEAR(self->run_ctx);
     Py_CLEAR(self->task_factory);
     Py_CLEAR(self->signal_handlers);
     Py_CLEAR(self->dict);

@@ -63,10 +63,7 @@ core_exec(PyObject *m)
 
     if (import_attr(&st->Future, "asyncio", "Future") < 0 ||
         import_attr(&st->Task, "asyncio", "Task") < 0 ||
-        import_attr(&st->set_running_loop, "asyncio.events",
-                    "_set_running_loop") < 0 ||
-        import_attr(&st->get_running_loop, "asyncio.events",
-                    "_get_running_loop") < 0 ||
+        (st->events_module = PyImport_ImportModule("asyncio.events")) == NULL ||
         import_attr(&st->set_task_name, "asyncio.tasks", "_set_task_name") < 0 ||
         import_attr(&st->format_callback_source, "asyncio.format_helpers",
                     "_format_callback_source") < 0 ||
@@ -96,7 +93,9 @@ core_exec(PyObject *m)
         intern(&st->str_set_coroutine_origin_tracking,
                "_set_coroutine_origin_tracking") < 0 ||
         intern(&st->str_remove_signal_handler, "remove_signal_handler") < 0 ||
-        intern(&st->str_warning, "warning") < 0)
+        intern(&st->str_warning, "warning") < 0 ||
+        intern(&st->str_set_running_loop, "_set_running_loop") < 0 ||
+        intern(&st->str_get_running_loop, "_get_running_loop") < 0)
         return -1;
     PyObject *loop_str = PyUnicode_InternFromString("loop");
     if (loop_str == NULL)
@@ -106,6 +105,10 @@ core_exec(PyObject *m)
     if (st->kw_loop == NULL)
         return -1;
     if (PyModule_AddStringConstant(m, "poller_backend", tl_poller_name()) < 0)
+        return -1;
+    if (tl_context_init(st) < 0)
+        return -1;
+    if (PyModule_AddIntConstant(m, "context_snapshots", st->fast_context) < 0)
         return -1;
     return 0;
 }
@@ -121,8 +124,7 @@ core_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->TimerHandleType);
     Py_VISIT(st->Future);
     Py_VISIT(st->Task);
-    Py_VISIT(st->set_running_loop);
-    Py_VISIT(st->get_running_loop);
+    Py_VISIT(st->events_module);
     Py_VISIT(st->set_task_name);
     Py_VISIT(st->format_callback_source);
     Py_VISIT(st->extract_stack);
@@ -132,6 +134,7 @@ core_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->format_handle);
     Py_VISIT(st->get_asyncgen_hooks);
     Py_VISIT(st->set_asyncgen_hooks);
+    Py_VISIT(st->empty_vars);
     return 0;
 }
 
@@ -146,8 +149,7 @@ core_clear(PyObject *m)
     Py_CLEAR(st->TimerHandleType);
     Py_CLEAR(st->Future);
     Py_CLEAR(st->Task);
-    Py_CLEAR(st->set_running_loop);
-    Py_CLEAR(st->get_running_loop);
+    Py_CLEAR(st->events_module);
     Py_CLEAR(st->set_task_name);
     Py_CLEAR(st->format_callback_source);
     Py_CLEAR(st->extract_stack);
@@ -158,6 +160,7 @@ core_clear(PyObject *m)
     Py_CLEAR(st->get_asyncgen_hooks);
     Py_CLEAR(st->set_asyncgen_hooks);
     Py_CLEAR(st->kw_loop);
+    Py_CLEAR(st->empty_vars);
     Py_CLEAR(st->str_context);
     Py_CLEAR(st->str_name);
     Py_CLEAR(st->str_call_exception_handler);
@@ -172,6 +175,8 @@ core_clear(PyObject *m)
     Py_CLEAR(st->str_set_coroutine_origin_tracking);
     Py_CLEAR(st->str_remove_signal_handler);
     Py_CLEAR(st->str_warning);
+    Py_CLEAR(st->str_set_running_loop);
+    Py_CLEAR(st->str_get_running_loop);
     return 0;
 }
 

@@ -1,0 +1,774 @@
+"""Micro-benchmarks: stock asyncio vs uvloop vs tideloop, measured in one run.
+
+Run it as ``python -m tideloop bench`` or ``python bench/micro.py``.
+
+How a figure is made (see "How we measure" in the architecture guide):
+
+* every loop runs the same workload in the same process, interleaved: for each
+  benchmark, repetition ``r`` runs the loops in a rotated order, so slow drift of
+  the machine (thermal, other processes) is spread over all loops equally;
+* each measurement gets a fresh loop, closed afterwards, after a ``gc.collect()``;
+* the cyclic GC is off while a measurement runs (as ``timeit`` does; ``--gc`` keeps
+  it on): with 100k live handles or 50k live tasks, generation-2 collections
+  otherwise make up most of the time (uvloop's call_soon row: ~240 vs ~830 ns/op),
+  and they measure the benchmark's own object count more than the loop;
+* one warm-up run (a tenth of the size) per benchmark and loop is discarded;
+* the clock is ``time.perf_counter_ns()``, read inside the running loop, so loop
+  creation and ``run_until_complete`` start-up are not counted;
+* the figure is the median over the repetitions of elapsed-ns / operations;
+* the driver code that feeds the loop (scheduling 100k callbacks, posting from a
+  thread) iterates in C (``deque(map(...), maxlen=0)``) and the trivial callback is
+  a C no-op, so the per-operation cost is the loop's, not the benchmark's.
+
+This module must import with the standard library only: ``bench/micro.py`` loads
+it by path when the tideloop package itself cannot be imported (core not built).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import faulthandler
+import functools
+import gc
+import json
+import operator
+import os
+import platform
+import random
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from itertools import repeat
+
+__all__ = ["BENCHMARKS", "add_arguments", "main", "run_from_args"]
+
+ALL_LOOPS = ("asyncio", "uvloop", "tideloop")
+SEED = 20240611
+
+# A callback that costs next to nothing and is the same C call for every loop:
+# clearing a list that is always empty.  (A Python ``def noop(): pass`` adds
+# ~20-40 ns of frame set-up per call, which would hide loop differences.)
+_NOOP = [].clear
+_cancel = operator.methodcaller("cancel")
+
+
+class BenchTimeout(KeyboardInterrupt):
+    """Raised by SIGALRM when one measurement runs too long.
+
+    A KeyboardInterrupt subclass on purpose: asyncio's Handle._run and Task
+    step re-raise KeyboardInterrupt instead of reporting it to the exception
+    handler, so it unwinds out of run_until_complete on every loop.
+    """
+
+
+def _consume(iterable):
+    deque(iterable, maxlen=0)
+
+
+@functools.lru_cache(maxsize=None)
+def _random_delays(n, high):
+    rnd = random.Random(SEED)
+    return tuple(rnd.uniform(0.0, high) for _ in range(n))
+
+
+# --------------------------------------------------------------------------
+# The workloads.  Each is ``async def bench(loop, n) -> elapsed_ns`` and does
+# exactly ``n`` operations (the unit is documented per benchmark).
+# --------------------------------------------------------------------------
+
+async def bench_call_soon(loop, n):
+    """n x call_soon(noop), scheduled from inside one callback, all run."""
+    done = loop.create_future()
+    call_soon = loop.call_soon
+    t0 = time.perf_counter_ns()
+    _consume(map(call_soon, repeat(_NOOP, n)))
+    call_soon(done.set_result, None)
+    await done
+    return time.perf_counter_ns() - t0
+
+
+TIMER_MAX_DELAY = 0.001
+
+
+async def bench_call_later(loop, n):
+    """n x call_later(random delay in [0, 1 ms)), every other one cancelled,
+    run until the remaining n/2 have fired."""
+    delays = _random_delays(n, TIMER_MAX_DELAY)
+    # handles[::2] are cancelled, so the survivors are delays[1::2].
+    last = max(delays[1::2]) if n > 1 else 0.0
+    expected = n // 2
+    fired = []
+    done = loop.create_future()
+
+    def check():
+        if len(fired) >= expected:
+            done.set_result(None)
+        else:   # a loop that rounds deadlines may run this one a bit early
+            loop.call_soon(check)
+
+    t0 = time.perf_counter_ns()
+    handles = list(map(loop.call_later, delays, repeat(fired.append), repeat(None)))
+    _consume(map(_cancel, handles[::2]))
+    loop.call_later(last, check)
+    await done
+    elapsed = time.perf_counter_ns() - t0
+    if len(fired) != expected:
+        raise AssertionError(f"{len(fired)} timers fired, expected {expected}")
+    return elapsed
+
+
+SWITCH_TASKS = 100
+
+
+async def bench_task_switch(loop, n):
+    """100 tasks, each doing n/100 x ``await asyncio.sleep(0)``; unit: one switch."""
+    per_task = max(1, n // SWITCH_TASKS)
+    sleep = asyncio.sleep
+
+    async def worker():
+        for _ in range(per_task):
+            await sleep(0)
+
+    t0 = time.perf_counter_ns()
+    tasks = [loop.create_task(worker()) for _ in range(SWITCH_TASKS)]
+    for t in tasks:
+        await t
+    return time.perf_counter_ns() - t0
+
+
+async def bench_future(loop, n):
+    """n x (fut = create_future(); call_soon(fut.set_result, None); await fut)."""
+    create_future = loop.create_future
+    call_soon = loop.call_soon
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        fut = create_future()
+        call_soon(fut.set_result, None)
+        await fut
+    return time.perf_counter_ns() - t0
+
+
+async def bench_threadsafe(loop, n):
+    """Another thread posts n x call_soon_threadsafe(noop); until all ran."""
+    done = loop.create_future()
+    post = loop.call_soon_threadsafe
+
+    def poster():
+        try:
+            _consume(map(post, repeat(_NOOP, n)))
+            post(done.set_result, None)
+        except BaseException as exc:
+            _THREAD_ERRORS.append(exc)
+            try:
+                post(done.set_exception, exc)
+            except BaseException:
+                pass    # the loop cannot be woken: the measurement times out
+
+    thread = threading.Thread(target=poster, name="bench-poster", daemon=True)
+    t0 = time.perf_counter_ns()
+    thread.start()
+    try:
+        await done
+        return time.perf_counter_ns() - t0
+    finally:
+        thread.join(10)
+
+
+_THREAD_ERRORS = []      # exceptions raised in bench_threadsafe's poster thread
+
+
+SLEEP_MAX_DELAY = 0.05
+
+
+async def bench_sleepers(loop, n):
+    """n tasks each ``await asyncio.sleep(uniform(0, 0.05))`` (fixed seed);
+    from the first create_task to the last task finished; unit: one task."""
+    delays = _random_delays(n, SLEEP_MAX_DELAY)
+    sleep = asyncio.sleep
+    left = [n]
+    done = loop.create_future()
+
+    async def sleeper(delay):
+        await sleep(delay)
+        left[0] -= 1
+        if not left[0]:
+            done.set_result(None)
+
+    t0 = time.perf_counter_ns()
+    tasks = list(map(loop.create_task, map(sleeper, delays)))
+    await done
+    elapsed = time.perf_counter_ns() - t0
+    del tasks
+    return elapsed
+
+
+async def bench_queue(loop, n):
+    """n items from a producer task to a consumer task through
+    asyncio.Queue(maxsize=100); unit: one item."""
+    queue = asyncio.Queue(maxsize=100)
+
+    async def producer():
+        put = queue.put
+        for _ in range(n):
+            await put(None)
+
+    async def consumer():
+        get = queue.get
+        for _ in range(n):
+            await get()
+
+    t0 = time.perf_counter_ns()
+    prod = loop.create_task(producer())
+    cons = loop.create_task(consumer())
+    await cons
+    elapsed = time.perf_counter_ns() - t0
+    await prod
+    return elapsed
+
+
+class Benchmark:
+    __slots__ = ("name", "label", "func", "n", "quick_n", "target", "unit")
+
+    def __init__(self, name, label, func, n, quick_n, target, unit):
+        self.name = name          # short id, used by --only and in JSON
+        self.label = label        # table row text; {n} is the size
+        self.func = func
+        self.n = n                # default size (operations per measurement)
+        self.quick_n = quick_n    # size with --quick
+        self.target = target      # pass if tideloop/uvloop <= target
+        self.unit = unit          # what one "op" is
+
+
+# Sizes: the default run of all 7 rows x 3 loops x 5 repetitions takes well
+# under a minute on a 2-core VM, the slowest loop (asyncio) dominating.
+BENCHMARKS = (
+    Benchmark("call_soon", "call_soon + run noop ({n})", bench_call_soon,
+              100_000, 10_000, 0.35, "callback"),
+    Benchmark("call_later", "call_later, half cancelled ({n})", bench_call_later,
+              100_000, 10_000, 0.8, "timer scheduled"),
+    Benchmark("task_switch", "task switch: sleep(0) ({n})", bench_task_switch,
+              100_000, 10_000, 0.8, "switch"),
+    Benchmark("future", "future via call_soon, awaited ({n})", bench_future,
+              100_000, 10_000, 0.8, "future"),
+    Benchmark("threadsafe", "call_soon_threadsafe ({n})", bench_threadsafe,
+              100_000, 10_000, 0.8, "callback"),
+    Benchmark("sleepers", "tasks sleeping to random deadlines ({n})", bench_sleepers,
+              50_000, 5_000, 0.8, "task"),
+    Benchmark("queue", "Queue(100) producer/consumer ({n})", bench_queue,
+              50_000, 5_000, 0.8, "item"),
+)
+_BY_NAME = {b.name: b for b in BENCHMARKS}
+
+
+def _fmt_count(n):
+    if n >= 1000 and n % 1000 == 0:
+        return f"{n // 1000}k"
+    return str(n)
+
+
+# --------------------------------------------------------------------------
+# Loops
+# --------------------------------------------------------------------------
+
+class LoopSpec:
+    __slots__ = ("name", "factory", "info", "error")
+
+    def __init__(self, name, factory=None, info="", error=None):
+        self.name = name
+        self.factory = factory
+        self.info = info
+        self.error = error
+
+
+def _exc_reason(exc):
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _load_loop(name):
+    if name == "asyncio":
+        return LoopSpec(name, asyncio.SelectorEventLoop,
+                        f"asyncio.SelectorEventLoop (CPython {platform.python_version()})")
+    if name == "uvloop":
+        try:
+            import uvloop
+        except Exception as exc:  # ImportError and anything a broken install raises
+            return LoopSpec(name, error=f"uvloop not available ({_exc_reason(exc)})")
+        return LoopSpec(name, uvloop.new_event_loop,
+                        f"uvloop {getattr(uvloop, '__version__', '?')}")
+    if name == "tideloop":
+        try:
+            import tideloop
+            factory = getattr(tideloop, "new_event_loop", None) or tideloop.Loop
+        except Exception as exc:
+            return LoopSpec(name, error=f"tideloop not importable ({_exc_reason(exc)})")
+        version = getattr(tideloop, "__version__", None)
+        if version is None:
+            try:
+                from tideloop._version import __version__ as version
+            except Exception:
+                version = "?"
+        where = ""
+        core = sys.modules.get("tideloop._core")
+        if core is not None and getattr(core, "__file__", None):
+            where = f" ({core.__file__})"
+        return LoopSpec(name, factory, f"tideloop {version}{where}")
+    raise ValueError(f"unknown loop {name!r} (choose from {', '.join(ALL_LOOPS)})")
+
+
+# --------------------------------------------------------------------------
+# Measuring
+# --------------------------------------------------------------------------
+
+class _Failure(Exception):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise BenchTimeout()
+
+
+def _measure(spec, bench, n, timeout, keep_gc=False):
+    """One measurement on a fresh loop. Returns ns/op or raises _Failure."""
+    gc.collect()
+    gc_was_enabled = gc.isenabled()
+    if not keep_gc:
+        gc.disable()
+    loop = spec.factory()
+    errors = []
+
+    def exception_handler(lp, context):
+        errors.append(context)
+        lp.stop()
+
+    del _THREAD_ERRORS[:]
+    previous = None
+    use_alarm = timeout and threading.current_thread() is threading.main_thread()
+    try:
+        loop.set_exception_handler(exception_handler)
+        if use_alarm:
+            previous = signal.signal(signal.SIGALRM, _on_alarm)
+            signal.setitimer(signal.ITIMER_REAL, timeout)
+            # Last resort if the loop sits in C and never looks at signals.
+            faulthandler.dump_traceback_later(timeout + 30, exit=True)
+        cpu0 = time.process_time_ns()
+        elapsed = loop.run_until_complete(bench.func(loop, n))
+        cpu = time.process_time_ns() - cpu0
+    except BenchTimeout:
+        why = f"timed out after {timeout:g} s"
+        if _THREAD_ERRORS:
+            why += f" (poster thread failed: {_exc_reason(_THREAD_ERRORS[0])})"
+        raise _Failure(why) from None
+    except Exception as exc:
+        if errors:
+            ctx = errors[0]
+            detail = ctx.get("message", "")
+            if ctx.get("exception") is not None:
+                detail += f" ({_exc_reason(ctx['exception'])})"
+            raise _Failure(f"exception handler called: {detail}") from None
+        raise _Failure(_exc_reason(exc)) from None
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            faulthandler.cancel_dump_traceback_later()
+            signal.signal(signal.SIGALRM, previous)
+        try:
+            loop.close()
+        except Exception:
+            pass
+    if errors:
+        raise _Failure(f"exception handler called: {errors[0].get('message', '')}")
+    return elapsed / n, cpu / n
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def run_benchmarks(specs, benches, repeat_count, quick, scale, timeout,
+                   warmup=True, keep_gc=False, clock="wall", log=None):
+    """Run everything; returns a list of per-benchmark result dicts.
+
+    ``clock`` chooses the figure the table, ratios and verdicts use: "wall"
+    (perf_counter_ns inside the loop) or "cpu" (process CPU time, all threads);
+    both are kept in the results."""
+    names = [s.name for s in specs]
+    results = []
+    for bench in benches:
+        n = max(2, int((bench.quick_n if quick else bench.n) * scale))
+        samples = {name: [] for name in names}
+        cpu_samples = {name: [] for name in names}
+        errors = {}
+        if log:
+            log(f"  {bench.name:<12} n={n:<8}")
+        if warmup:
+            for spec in specs:
+                try:
+                    _measure(spec, bench, max(2, n // 10), timeout, keep_gc)
+                except _Failure as exc:
+                    errors[spec.name] = str(exc)
+        for rep in range(repeat_count):
+            k = rep % len(specs)
+            for spec in specs[k:] + specs[:k]:      # rotate the order each repetition
+                if spec.name in errors:
+                    continue
+                try:
+                    wall, cpu = _measure(spec, bench, n, timeout, keep_gc)
+                    samples[spec.name].append(wall)
+                    cpu_samples[spec.name].append(cpu)
+                except _Failure as exc:
+                    errors[spec.name] = str(exc)
+            if log:
+                log(".")
+        wall = {name: _median(samples[name]) for name in names
+                if name not in errors and samples[name]}
+        cpu = {name: _median(cpu_samples[name]) for name in names
+               if name not in errors and cpu_samples[name]}
+        medians = cpu if clock == "cpu" else wall
+        row = {
+            "name": bench.name,
+            "label": bench.label.format(n=_fmt_count(n)),
+            "n": n,
+            "unit": bench.unit,
+            "target_vs_uvloop": bench.target,
+            "clock": clock,
+            "ns_per_op": medians,           # the figure of the table: wall or cpu
+            "wall_ns_per_op": wall,
+            "samples_ns_per_op": {k: v for k, v in samples.items() if v},
+            # Process CPU time (all threads) around run_until_complete: less
+            # disturbed than wall time when other work shares the machine.
+            "cpu_ns_per_op": cpu,
+            "cpu_samples_ns_per_op": {k: v for k, v in cpu_samples.items() if v},
+            "errors": errors,
+        }
+        tl, aio, uv = medians.get("tideloop"), medians.get("asyncio"), medians.get("uvloop")
+        row["ratio_vs_asyncio"] = tl / aio if tl and aio else None
+        row["ratio_vs_uvloop"] = tl / uv if tl and uv else None
+        if row["ratio_vs_uvloop"] is not None:
+            row["verdict"] = "PASS" if row["ratio_vs_uvloop"] <= bench.target else "FAIL"
+        elif "tideloop" in errors:
+            row["verdict"] = "ERROR"
+        else:
+            row["verdict"] = None
+        results.append(row)
+        if log:
+            log("\n")
+    return results
+
+
+# --------------------------------------------------------------------------
+# Reporting
+# --------------------------------------------------------------------------
+
+def _fmt_ns(x):
+    if x is None:
+        return "-"
+    if x >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.1f}"
+
+
+def _fmt_ratio(x):
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def _table_rows(results, loop_names):
+    clock = results[0]["clock"] if results else "wall"
+    first = "benchmark (CPU ns/op, median)" if clock == "cpu" else "benchmark (ns/op, median)"
+    header = ([first] + loop_names
+              + ["tl/asyncio", "tl/uvloop", "target", "result"])
+    rows = []
+    for r in results:
+        cells = [r["label"]]
+        for name in loop_names:
+            if name in r["errors"]:
+                cells.append("ERROR")
+            else:
+                cells.append(_fmt_ns(r["ns_per_op"].get(name)))
+        cells += [_fmt_ratio(r["ratio_vs_asyncio"]), _fmt_ratio(r["ratio_vs_uvloop"]),
+                  f"<={r['target_vs_uvloop']}x", r["verdict"] or "n/a"]
+        rows.append(cells)
+    return header, rows
+
+
+def format_text(results, loop_names):
+    header, rows = _table_rows(results, loop_names)
+    widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
+    out = []
+    for j, row in enumerate([header] + rows):
+        line = [str(row[0]).ljust(widths[0])]
+        line += [str(c).rjust(w) for c, w in zip(row[1:], widths[1:])]
+        out.append("  ".join(line).rstrip())
+        if j == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def format_markdown(results, loop_names):
+    header, rows = _table_rows(results, loop_names)
+    out = ["| " + " | ".join(header) + " |",
+           "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
+    for row in rows:
+        out.append("| " + " | ".join(str(c) for c in row) + " |")
+    return "\n".join(out)
+
+
+def _python_cmd():
+    exe = sys.executable or "python3"
+    for short in ("python3", "python"):
+        found = shutil.which(short)
+        if found and os.path.realpath(found) == os.path.realpath(exe):
+            return short
+    return shlex.quote(exe)
+
+
+def reproduce_command(args, invocation, loop_names):
+    parts = []
+    pythonpath = os.environ.get("PYTHONPATH")
+    if pythonpath:
+        parts.append(f"PYTHONPATH={shlex.quote(pythonpath)}")
+    parts.append(_python_cmd())
+    parts += [shlex.quote(p) for p in invocation]
+    parts += ["--loops", ",".join(loop_names)]
+    if args.quick:
+        parts.append("--quick")
+    parts += ["--repeat", str(args.repeat)]
+    if args.only:
+        parts += ["--only", args.only]
+    if args.scale != 1.0:
+        parts += ["--scale", f"{args.scale:g}"]
+    if args.gc:
+        parts.append("--gc")
+    if args.clock != "wall":
+        parts += ["--clock", args.clock]
+    if not args.warmup:
+        parts.append("--no-warmup")
+    return " ".join(parts)
+
+
+def _git_revision():
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "-C", here, "describe", "--always", "--dirty"],
+                             capture_output=True, text=True, timeout=5)
+    except Exception:
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+def _environment(specs, skipped):
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count()
+    return {
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpus": cpus,
+        "git": _git_revision(),
+        "loops": {s.name: s.info for s in specs},
+        "skipped": {s.name: s.error for s in skipped},
+        "dev_mode": bool(sys.flags.dev_mode),
+        "asyncio_debug_env": os.environ.get("PYTHONASYNCIODEBUG", ""),
+    }
+
+
+# --------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------
+
+def _rows_help():
+    return "; ".join(f"{b.name} (<= {b.target}x uvloop)" for b in BENCHMARKS)
+
+
+def add_arguments(parser):
+    parser.add_argument(
+        "--loops", default=",".join(ALL_LOOPS), metavar="LIST",
+        help="comma-separated loops to measure, from: %(default)s "
+             "(default: all; a loop that cannot be imported is skipped with a note)")
+    parser.add_argument(
+        "--repeat", "-r", type=int, default=None, metavar="N",
+        help="repetitions per benchmark and loop; the figure is the median "
+             "(default: 5, or 3 with --quick)")
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="a tenth of the default sizes: a few seconds in all, for CI smoke runs")
+    parser.add_argument(
+        "--only", default=None, metavar="LIST",
+        help="comma-separated benchmarks to run (default: all): " + _rows_help())
+    parser.add_argument(
+        "--scale", type=float, default=1.0, metavar="F",
+        help="multiply every benchmark size by F (default: 1)")
+    parser.add_argument(
+        "--clock", choices=("wall", "cpu"), default="wall",
+        help="figure for the table, ratios and verdicts: wall time "
+             "(perf_counter_ns, the default) or process CPU time, which other "
+             "load on the machine disturbs less; JSON keeps both")
+    parser.add_argument(
+        "--json", default=None, metavar="PATH",
+        help="also write all results (every sample, environment) as JSON to PATH")
+    parser.add_argument(
+        "--markdown", action="store_true",
+        help="print the table as Markdown (README-ready) instead of plain text")
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, metavar="S",
+        help="give up on one measurement after S seconds (default: %(default)g)")
+    parser.add_argument(
+        "--gc", action="store_true",
+        help="keep the cyclic garbage collector enabled while measuring "
+             "(default: disabled during each measurement, as timeit does)")
+    parser.add_argument(
+        "--no-warmup", dest="warmup", action="store_false",
+        help="skip the discarded warm-up run per benchmark and loop")
+    parser.add_argument(
+        "--fail-on-miss", action="store_true",
+        help="exit with status 1 if tideloop misses a target or errors")
+    parser.add_argument(
+        "--verbose", "-v", action="store_true",
+        help="also print every sample")
+    return parser
+
+
+def build_parser(prog=None):
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Micro-benchmarks of the event loop: stock asyncio, uvloop and "
+                    "tideloop, measured in one run, interleaved, median of N. "
+                    "Reports ns per operation, tideloop's ratios and PASS/FAIL "
+                    "against the targets (ratio to uvloop).")
+    add_arguments(parser)
+    return parser
+
+
+def run_from_args(args, invocation=("-m", "tideloop", "bench")):
+    """Run the benchmarks for parsed ``args``; returns the exit status."""
+    started = time.time()
+    if args.repeat is None:
+        args.repeat = 3 if args.quick else 5
+    if args.repeat < 1:
+        print("--repeat must be at least 1", file=sys.stderr)
+        return 2
+    if args.scale <= 0:
+        print("--scale must be positive", file=sys.stderr)
+        return 2
+
+    wanted = [x.strip() for x in args.loops.split(",") if x.strip()]
+    unknown = [x for x in wanted if x not in ALL_LOOPS]
+    if unknown or not wanted:
+        print(f"unknown loop(s) {', '.join(unknown)}; choose from {', '.join(ALL_LOOPS)}",
+              file=sys.stderr)
+        return 2
+    if args.only:
+        chosen = [x.strip() for x in args.only.split(",") if x.strip()]
+        bad = [x for x in chosen if x not in _BY_NAME]
+        if bad or not chosen:
+            print(f"unknown benchmark(s) {', '.join(bad)}; choose from "
+                  f"{', '.join(_BY_NAME)}", file=sys.stderr)
+            return 2
+        benches = [b for b in BENCHMARKS if b.name in chosen]
+    else:
+        benches = list(BENCHMARKS)
+
+    specs, skipped = [], []
+    for name in dict.fromkeys(wanted):          # keep order, drop duplicates
+        spec = _load_loop(name)
+        (skipped if spec.error else specs).append(spec)
+    for spec in skipped:
+        print(f"note: skipping {spec.name}: {spec.error}", file=sys.stderr)
+    if not specs:
+        print("no loop to measure", file=sys.stderr)
+        return 2
+    loop_names = [s.name for s in specs]
+
+    if sys.flags.dev_mode or os.environ.get("PYTHONASYNCIODEBUG"):
+        print("warning: asyncio debug mode is on (-X dev / PYTHONASYNCIODEBUG); "
+              "figures are not representative", file=sys.stderr)
+
+    print(f"tideloop micro-benchmarks: CPython {platform.python_version()}, "
+          f"{platform.system()} {platform.machine()}, "
+          f"{_environment(specs, skipped)['cpus']} CPU(s); "
+          f"median of {args.repeat}, loops interleaved", file=sys.stderr)
+    for spec in specs:
+        print(f"  {spec.name:<9} {spec.info}", file=sys.stderr)
+
+    def log(msg):
+        sys.stderr.write(msg)
+        sys.stderr.flush()
+
+    results = run_benchmarks(specs, benches, args.repeat, args.quick, args.scale,
+                             args.timeout, warmup=args.warmup, keep_gc=args.gc,
+                             clock=args.clock, log=log)
+    elapsed = time.time() - started
+    command = reproduce_command(args, invocation, loop_names)
+
+    print()
+    if args.markdown:
+        print(format_markdown(results, loop_names))
+    else:
+        print(format_text(results, loop_names))
+    print()
+    for r in results:
+        for name, err in r["errors"].items():
+            print(f"error: {r['name']} on {name}: {err}")
+    for spec in skipped:
+        print(f"note: {spec.name} skipped: {spec.error}")
+    if args.verbose:
+        for r in results:
+            for name, xs in r["samples_ns_per_op"].items():
+                cpu = r["cpu_samples_ns_per_op"].get(name, [])
+                print(f"samples {r['name']:<12} {name:<9} wall "
+                      + " ".join(_fmt_ns(x) for x in xs)
+                      + "  cpu " + " ".join(_fmt_ns(x) for x in cpu))
+    what = "CPU ns/op (process time)" if args.clock == "cpu" else "ns/op"
+    print(f"{what} = median over {args.repeat} interleaved runs, fresh loop each, "
+          f"GC {'on' if args.gc else 'off'} while timing; "
+          f"ratios are tideloop / other; target is tideloop / uvloop.")
+    print(f"reproduce: {command}")
+    print(f"({elapsed:.1f} s)")
+
+    if args.json:
+        doc = {
+            "format": "tideloop-microbench/1",
+            "command": command,
+            "argv": sys.argv,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+            "elapsed_s": round(elapsed, 3),
+            "repeat": args.repeat,
+            "quick": args.quick,
+            "scale": args.scale,
+            "gc_enabled_while_measuring": args.gc,
+            "clock": args.clock,
+            "warmup": args.warmup,
+            "environment": _environment(specs, skipped),
+            "results": results,
+        }
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+        print(f"wrote {args.json}")
+
+    if args.fail_on_miss:
+        if any(r["verdict"] in ("FAIL", "ERROR") for r in results):
+            return 1
+    return 0
+
+
+def main(argv=None, prog=None, invocation=("-m", "tideloop", "bench")):
+    args = build_parser(prog).parse_args(argv)
+    return run_from_args(args, invocation)
+
+
+if __name__ == "__main__":
+    sys.exit(main(prog="python -m tideloop._bench", invocation=("-m", "tideloop._bench")))

@@ -1,0 +1,342 @@
+"""Child process of the conformance runner: runs ONE CPython asyncio test module
+on ONE loop and streams per-test results as JSON lines.
+
+Not meant to be run by hand (run.py builds the command line), but it works:
+
+    python tests/conformance/child.py --module test_locks --side tideloop \
+        --out /tmp/r.jsonl
+
+Records written to --out (one JSON object per line, flushed after each):
+    {"ev": "meta", "loop_type": "tideloop.Loop", ...}   after the patch check
+    {"ev": "start", "id": ...}                           before each test
+    {"ev": "result", "id": ..., "key": ..., "outcome": ..., ...}
+    {"ev": "done", "loops_created": N}                   clean end of run
+
+If the process dies mid-test (crash, per-test watchdog), the parent sees a
+"start" without its "result" and re-runs the module with --skip.
+"""
+
+import argparse
+import asyncio
+import asyncio.unix_events
+import faulthandler
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+import unittest
+
+PKG = "test.test_asyncio."
+
+# test_events: the concrete loop test classes of the stock module. Only the
+# epoll one is kept on the stock side (it is what asyncio.new_event_loop()
+# gives on Linux); the tideloop side replaces it with TideloopEventLoopTests.
+# Both are reported under the key "test_events.EventLoopTests.<method>" so
+# the two sides compare per test method.
+EVENTS_LOOP_CLASSES = {"EPollEventLoopTests", "PollEventLoopTests",
+                       "SelectEventLoopTests", "KqueueEventLoopTests",
+                       "TideloopEventLoopTests"}
+EVENTS_STOCK_CLASS = "EPollEventLoopTests"
+EVENTS_KEY_CLASS = "EventLoopTests"
+
+
+def short_id(test_id):
+    return test_id[len(PKG):] if test_id.startswith(PKG) else test_id
+
+
+def key_for(test_id):
+    sid = short_id(test_id)
+    parts = sid.split(".")
+    if len(parts) >= 3 and parts[0] == "test_events" and parts[1] in EVENTS_LOOP_CLASSES:
+        parts[1] = EVENTS_KEY_CLASS
+    return ".".join(parts)
+
+
+def resolve(spec):
+    mod, _, attr = spec.partition(":")
+    obj = importlib.import_module(mod)
+    for part in (attr or "Loop").split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class Writer:
+    def __init__(self, path):
+        self.f = open(path, "a", encoding="utf-8")
+
+    def write(self, **rec):
+        self.f.write(json.dumps(rec, default=repr) + "\n")
+        self.f.flush()   # survives a crash of this process
+
+
+# --------------------------------------------------------------------------
+# Putting the loop under test in place
+# --------------------------------------------------------------------------
+
+class LoopCounter:
+    """Wraps a loop factory and counts the loops it made."""
+
+    def __init__(self, factory):
+        self.factory = factory
+        self.count = 0
+
+    def __call__(self):
+        self.count += 1
+        return self.factory()
+
+
+def patch_asyncio(counter):
+    """Make every way the tests get a "real" loop produce counter()'s loops.
+
+    asyncio.new_event_loop(), asyncio.get_event_loop() without a loop,
+    asyncio.run(), asyncio.Runner() without loop_factory and
+    IsolatedAsyncioTestCase all end in
+    get_event_loop_policy().new_event_loop() -> self._loop_factory().
+    Test modules call asyncio.set_event_loop_policy(None) in tearDownModule
+    and some tests instantiate asyncio.DefaultEventLoopPolicy() themselves,
+    so the default policy *class* is patched, not the current instance.
+    Tests that install their own policy (test_runners' TestPolicy with mock
+    loops) or build test_utils.TestLoop keep doing so: they test asyncio's
+    own base classes, not the loop.
+    """
+    policy_cls = asyncio.DefaultEventLoopPolicy
+    assert policy_cls is asyncio.unix_events._UnixDefaultEventLoopPolicy
+    # staticmethod: a plain function stored on the class would be bound.
+    policy_cls._loop_factory = staticmethod(counter)
+
+
+def check_patch(loop_cls, counter):
+    """Prove that the tests will really get loop_cls. Returns a description."""
+    seen = {}
+    asyncio.set_event_loop_policy(None)
+    loop = asyncio.new_event_loop()
+    seen["asyncio.new_event_loop"] = type(loop)
+    loop.close()
+    loop = asyncio.DefaultEventLoopPolicy().new_event_loop()
+    seen["DefaultEventLoopPolicy().new_event_loop"] = type(loop)
+    loop.close()
+    with asyncio.Runner() as runner:
+        seen["asyncio.Runner()"] = type(runner.get_loop())
+
+    async def main():
+        return type(asyncio.get_running_loop())
+    seen["asyncio.run"] = asyncio.run(main())
+    asyncio.set_event_loop_policy(None)
+    bad = {k: v for k, v in seen.items() if not issubclass(v, loop_cls)}
+    if bad:
+        raise SystemExit(f"conformance: loop patch FAILED, expected {loop_cls!r}, got {bad!r}")
+    counter.count = 0
+    return {k: f"{v.__module__}.{v.__qualname__}" for k, v in seen.items()}
+
+
+def adapt_test_events(module, side, counter):
+    """Select the loop test classes of test_events for this side."""
+    if side == "tideloop":
+        te = module
+        base = (te.UnixEventLoopTestsMixin, te.SubprocessTestsMixin,
+                te.test_utils.TestCase)
+
+        class TideloopEventLoopTests(*base):
+            def create_event_loop(self):
+                return counter()
+
+        TideloopEventLoopTests.__module__ = module.__name__
+        TideloopEventLoopTests.__qualname__ = "TideloopEventLoopTests"
+        module.TideloopEventLoopTests = TideloopEventLoopTests
+        keep = "TideloopEventLoopTests"
+    else:
+        keep = EVENTS_STOCK_CLASS
+
+    def wanted(test):
+        name = type(test).__name__
+        return name not in EVENTS_LOOP_CLASSES or name == keep
+    return wanted
+
+
+# Per-module adapters: module name -> function(module, side, counter)
+# returning a predicate over test cases (None = keep all). Later issues add
+# entries for modules with their own concrete loop classes (test_subprocess,
+# test_unix_events, ...).
+ADAPTERS = {
+    "test_events": adapt_test_events,
+}
+
+
+# --------------------------------------------------------------------------
+# Result collection
+# --------------------------------------------------------------------------
+
+RANK = {"pass": 0, "xfail": 0, "skip": 1, "xpass": 2, "fail": 3, "error": 4}
+
+
+def exc_chain(exc):
+    names, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        names.append(type(exc).__qualname__)
+        exc = exc.__cause__ or exc.__context__
+    return names
+
+
+class StreamingResult(unittest.TestResult):
+    def __init__(self, writer, watchdog, verbose, counter):
+        super().__init__()
+        self.counter = counter
+        self.w = writer
+        self.watchdog = watchdog
+        self.verbose = verbose
+        self.cur = None
+
+    # -- bookkeeping
+    def startTest(self, test):
+        super().startTest(test)
+        if self.watchdog:
+            faulthandler.dump_traceback_later(self.watchdog, exit=True)
+        self.cur = {"id": short_id(test.id()), "key": key_for(test.id()),
+                    "outcome": None, "t0": time.monotonic()}
+        self.w.write(ev="start", id=self.cur["id"])
+
+    def stopTest(self, test):
+        super().stopTest(test)
+        if self.watchdog:
+            faulthandler.cancel_dump_traceback_later()
+        cur, self.cur = self.cur, None
+        if cur is None:
+            return
+        if cur["outcome"] is None:   # e.g. only passing subtests
+            cur["outcome"] = "pass"
+        cur["time"] = round(time.monotonic() - cur.pop("t0"), 3)
+        cur["loops"] = self.counter.count
+        self.w.write(ev="result", **cur)
+        if self.verbose:
+            print(f"  {cur['outcome']:5} {cur['id']}", file=sys.__stderr__, flush=True)
+
+    def _record(self, test, outcome, err=None, reason=None, sub=None):
+        is_current = (self.cur is not None and
+                      short_id(getattr(test, "id", lambda: "")()) == self.cur["id"])
+        if is_current:
+            rec = self.cur
+        else:
+            # setUpClass / setUpModule / tearDownModule errors (_ErrorHolder)
+            tid = str(test.id()) if hasattr(test, "id") else str(test)
+            rec = {"id": short_id(tid), "key": key_for(tid), "outcome": None,
+                   "fixture": True}
+        if rec["outcome"] is None or RANK[outcome] > RANK[rec["outcome"]]:
+            rec["outcome"] = outcome
+            if err is not None:
+                etype, evalue, _tb = err
+                rec["exc"] = exc_chain(evalue) if evalue is not None else [etype.__name__]
+                rec["nyi"] = "NotImplementedError" in rec["exc"]
+                rec["message"] = (str(evalue) or "")[:300]
+                tb = self._exc_info_to_string(err, test)
+                rec["tb"] = tb[-4000:]
+                if sub is not None:
+                    rec["subtest"] = sub
+            if reason is not None:
+                rec["reason"] = str(reason)[:300]
+        if not is_current:
+            self.w.write(ev="result", **rec)
+
+    def addSuccess(self, test):
+        super().addSuccess(test)
+        self._record(test, "pass")
+
+    def addFailure(self, test, err):
+        super().addFailure(test, err)
+        self._record(test, "fail", err)
+
+    def addError(self, test, err):
+        super().addError(test, err)
+        self._record(test, "error", err)
+
+    def addSkip(self, test, reason):
+        super().addSkip(test, reason)
+        self._record(test, "skip", reason=reason)
+
+    def addExpectedFailure(self, test, err):
+        super().addExpectedFailure(test, err)
+        self._record(test, "xfail")
+
+    def addUnexpectedSuccess(self, test):
+        super().addUnexpectedSuccess(test)
+        self._record(test, "xpass")
+
+    def addSubTest(self, test, subtest, err):
+        super().addSubTest(test, subtest, err)
+        if err is not None:
+            failure = issubclass(err[0], test.failureException)
+            self._record(test, "fail" if failure else "error", err,
+                         sub=subtest._subDescription())
+
+
+def flatten(suite):
+    for t in suite:
+        if isinstance(t, unittest.TestSuite):
+            yield from flatten(t)
+        else:
+            yield t
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--module", required=True)
+    ap.add_argument("--side", choices=["stock", "tideloop"], required=True)
+    ap.add_argument("--loop-factory", default="tideloop:Loop")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--skip", help="file with test ids (short form) not to run")
+    ap.add_argument("--test-timeout", type=float, default=0,
+                    help="per-test watchdog in seconds (0 = off)")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args()
+
+    w = Writer(args.out)
+    faulthandler.enable(all_threads=True)
+
+    if args.side == "tideloop":
+        loop_cls = resolve(args.loop_factory)
+    else:
+        loop_cls = asyncio.unix_events._UnixSelectorEventLoop
+    # Counting wrapper on both sides, so the report shows how many loops of
+    # the kind under test each module actually created.
+    counter = LoopCounter(loop_cls)
+    patch_asyncio(counter)
+    checked = check_patch(loop_cls, counter)
+    print(f"conformance: {args.module} [{args.side}] asyncio.new_event_loop() -> "
+          f"{checked['asyncio.new_event_loop']}", flush=True)
+
+    module = importlib.import_module(PKG + args.module)
+    adapter = ADAPTERS.get(args.module)
+    wanted = adapter(module, args.side, counter) if adapter else None
+
+    skip = set()
+    if args.skip:
+        with open(args.skip, encoding="utf-8") as f:
+            skip = {line.strip() for line in f if line.strip()}
+
+    tests = [t for t in flatten(unittest.defaultTestLoader.loadTestsFromModule(module))
+             if (wanted is None or wanted(t)) and short_id(t.id()) not in skip]
+    w.write(ev="meta", module=args.module, side=args.side,
+            loop_type=f"{loop_cls.__module__}.{loop_cls.__qualname__}",
+            checked=checked, ntests=len(tests), pid=os.getpid(),
+            python=sys.version.split()[0])
+
+    result = StreamingResult(w, args.test_timeout, args.verbose, counter)
+    suite = unittest.TestSuite(tests)
+    t0 = time.monotonic()
+    suite.run(result)
+    w.write(ev="done", loops_created=counter.count,
+            time=round(time.monotonic() - t0, 3))
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except SystemExit:
+        raise
+    except BaseException:
+        traceback.print_exc()
+        sys.exit(3)

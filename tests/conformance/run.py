@@ -1,0 +1,470 @@
+#!/usr/bin/env python3
+"""Run CPython's own asyncio tests (Lib/test/test_asyncio) on the stock loop and
+on tideloop, and compare them test by test.
+
+    python tests/conformance/run.py [--loop asyncio|tideloop|both]
+        [--modules m1,m2] [--json out.json] [--verbose]
+        [--strict] [--known FILE] [--timeout 300] [--test-timeout 120]
+
+Every (module, loop) pair runs in a fresh subprocess (child.py), so a crash or
+hang is contained: the test that was running is recorded as "crash"/"hang" and
+the module is resumed after it (up to --max-restarts times). On the tideloop
+side the child patches asyncio so that every way the tests obtain a real loop
+(asyncio.new_event_loop, the default policy, asyncio.run / Runner,
+IsolatedAsyncioTestCase) produces tideloop.Loop, and checks that it did before
+running anything. test_events' concrete loop classes are replaced by a
+TideloopEventLoopTests class (see child.py).
+
+A regression is a test that passes on stock and does not pass on tideloop.
+One that failed with NotImplementedError (anywhere in its exception chain) is
+counted as "nyi" (not yet implemented) instead, one that tideloop's run
+skipped (the test decided it does not apply, e.g. "loop is not a
+BaseSelectorEventLoop") as "skip". The exit code is 0 unless --strict, where it
+is 1 if any regression is not listed in --known (one test key per line,
+fnmatch patterns allowed, "# reason" comment after it).
+
+Results are keyed by "module.Class.test" (test_events' loop classes all map to
+"test_events.EventLoopTests.test_..."). The tideloop package is taken from
+<repo>/src when an in-place build (src/tideloop/_core*.so) is there, else from
+the installed package.
+"""
+
+import argparse
+import fnmatch
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+CHILD = os.path.join(HERE, "child.py")
+
+sys.path.insert(0, HERE)
+from child import key_for  # noqa: E402  (same id -> key mapping as the child)
+
+# Modules of Lib/test/test_asyncio run by default, per issue:
+#   #2 (loop core: scheduling, timers, readers/writers, signals, tasks).
+#      test_events also holds the network/pipe/subprocess tests, which show
+#      up as "nyi" until their issues land.
+# Later issues add: test_streams, test_server, test_sock_lowlevel,
+# test_sendfile, test_buffered_proto, test_subprocess, test_unix_events
+# (those with their own concrete loop classes need an adapter in child.py).
+MODULES = [
+    "test_tasks", "test_futures", "test_futures2", "test_locks", "test_queues",
+    "test_timeouts", "test_taskgroups", "test_runners", "test_context",
+    "test_pep492", "test_waitfor", "test_events",
+]
+
+SIDES = {"asyncio": ["stock"], "tideloop": ["tideloop"], "both": ["stock", "tideloop"]}
+PASSING = {"pass", "xfail"}
+
+
+# --------------------------------------------------------------------------
+# Running one (module, side)
+# --------------------------------------------------------------------------
+
+def child_env():
+    env = dict(os.environ)
+    src = os.path.join(REPO, "src")
+    if glob.glob(os.path.join(src, "tideloop", "_core*.so")):
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (src, env.get("PYTHONPATH")) if p)
+    env.pop("PYTHONASYNCIODEBUG", None)   # same conditions on both sides
+    return env
+
+
+def read_records(path):
+    recs = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    recs.append(json.loads(line))
+                except ValueError:      # torn last line after a crash
+                    pass
+    except FileNotFoundError:
+        pass
+    return recs
+
+
+def tail(path, n=3000):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - n))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def describe_exit(rc):
+    if rc is None:
+        return "killed (module timeout)"
+    if rc < 0:
+        try:
+            return f"signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"signal {-rc}"
+    return f"exit {rc}"
+
+
+def run_side(module, side, args, workdir):
+    """Run one module on one side, resuming after crashes. Returns a dict."""
+    out = os.path.join(workdir, f"{module}.{side}.jsonl")
+    log = os.path.join(workdir, f"{module}.{side}.log")
+    skipf = os.path.join(workdir, f"{module}.{side}.skip")
+    for p in (out, log, skipf):
+        if os.path.exists(p):
+            os.unlink(p)
+    info = {"log": log, "crashes": [], "restarts": 0, "error": None,
+            "loop_type": None, "loops_created": 0, "checked": None}
+    results = {}            # key -> record
+    skip_ids = set()
+    t0 = time.monotonic()
+    deadline = t0 + args.timeout
+    while True:
+        cmd = [args.python, CHILD, "--module", module, "--side", side,
+               "--out", out, "--test-timeout", str(args.test_timeout)]
+        if side == "tideloop":
+            cmd += ["--loop-factory", args.loop_factory]
+        if skip_ids:
+            with open(skipf, "w", encoding="utf-8") as f:
+                f.write("\n".join(sorted(skip_ids)) + "\n")
+            cmd += ["--skip", skipf]
+        if args.verbose:
+            cmd.append("--verbose")
+        start_len = len(read_records(out))
+        with open(log, "ab") as logf:
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=child_env(),
+                                    cwd=REPO, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                rc = None
+            else:
+                try:    # leftovers (grandchildren) of a crashed child
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        recs = read_records(out)[start_len:]
+        running = None
+        done = False
+        loops = 0
+        for r in recs:
+            ev = r.get("ev")
+            if ev == "meta":
+                info["loop_type"] = r["loop_type"]
+                info["checked"] = r["checked"]
+            elif ev == "start":
+                running = r["id"]
+                skip_ids.add(r["id"])
+            elif ev == "result":
+                results[r["key"]] = r
+                skip_ids.add(r["id"])
+                if r["id"] == running:
+                    running = None
+                loops = r.get("loops", loops)
+            elif ev == "done":
+                done = True
+                loops = r["loops_created"]
+        info["loops_created"] += loops
+        if rc is not None and done:
+            break
+        how = describe_exit(rc)
+        if rc == 1 and running is not None and "Timeout (" in tail(log, 20000):
+            how = f"hang (> {args.test_timeout:g} s, watchdog)"
+        if running is None:
+            # died outside any test: import error, patch check failed, ...
+            if not any(r.get("ev") == "start" for r in recs):
+                info["error"] = f"child failed before running tests ({how}): " + tail(log, 1500)
+            else:
+                info["error"] = f"child died between tests ({how})"
+            break
+        from_child = tail(log, 2500)
+        outcome = "hang" if how.startswith(("hang", "killed")) else "crash"
+        rec = {"id": running, "key": key_for(running), "outcome": outcome,
+               "message": how, "tb": from_child, "exc": [], "nyi": False}
+        results[rec["key"]] = rec
+        info["crashes"].append({"id": running, "how": how})
+        if rc is None or info["restarts"] >= args.max_restarts:
+            if rc is None:
+                info["error"] = f"module timeout ({args.timeout:g} s)"
+            else:
+                info["error"] = f"gave up after {info['restarts']} restarts"
+            break
+        info["restarts"] += 1
+    info["time"] = round(time.monotonic() - t0, 2)
+    info["results"] = results
+    return info
+
+
+# --------------------------------------------------------------------------
+# Comparing
+# --------------------------------------------------------------------------
+
+def counts(results):
+    c = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "crashed": 0}
+    for r in results.values():
+        o = r["outcome"]
+        if o in PASSING:
+            c["passed"] += 1
+        elif o in ("fail", "xpass"):
+            c["failed"] += 1
+        elif o == "error":
+            c["errors"] += 1
+        elif o == "skip":
+            c["skipped"] += 1
+        else:
+            c["crashed"] += 1
+    return c
+
+
+def load_known(path):
+    known = []
+    if not path:
+        return known
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            pat, _, reason = line.partition("#")
+            pat = pat.strip()
+            if pat:
+                known.append((pat, reason.strip()))
+    return known
+
+
+def known_reason(key, known):
+    for pat, reason in known:
+        if key == pat or fnmatch.fnmatchcase(key, pat):
+            return reason or "known"
+    return None
+
+
+def brief(r):
+    keep = ("id", "key", "outcome", "exc", "nyi", "message", "subtest", "reason", "tb")
+    return {k: r[k] for k in keep if k in r}
+
+
+def compare(stock, tide, args, known):
+    regressions, nyi, skipped, fixed = [], [], [], []
+    for key, s in sorted(stock.items()):
+        if s["outcome"] not in PASSING:
+            continue
+        t = tide.get(key)
+        if t is None:
+            t = {"key": key, "outcome": "missing",
+                 "message": "not run on tideloop (module timeout/crash)"}
+        if t["outcome"] in PASSING:
+            continue
+        entry = brief(t)
+        entry["stock_outcome"] = s["outcome"]
+        if t["outcome"] == "skip":
+            skipped.append(entry)
+        elif t.get("nyi") and not args.nyi_as_regression:
+            nyi.append(entry)
+        else:
+            reason = known_reason(key, known)
+            entry["known"] = reason is not None
+            if reason:
+                entry["known_reason"] = reason
+            regressions.append(entry)
+    for key, t in sorted(tide.items()):
+        if t["outcome"] in PASSING and key in stock and stock[key]["outcome"] not in PASSING:
+            fixed.append(key)
+    return regressions, nyi, skipped, fixed
+
+
+# --------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------
+
+def fmt_counts(c):
+    if c is None:
+        return "-"
+    s = f"{c['passed']}/{c['failed']}/{c['errors']}/{c['skipped']}"
+    if c["crashed"]:
+        s += f" +{c['crashed']}crash"
+    return s
+
+
+def print_table(report, sides):
+    hdr = ["module"]
+    if "stock" in sides:
+        hdr += ["stock p/f/e/s", "s"]
+    if "tideloop" in sides:
+        hdr += ["tideloop p/f/e/s", "s", "loops"]
+    both = len(sides) == 2
+    if both:
+        hdr += ["regr", "nyi", "skip"]
+    hdr.append("notes")
+    rows = []
+    for m, d in report["modules"].items():
+        row = [m]
+        notes = []
+        for side in sides:
+            sd = d[side]
+            row += [fmt_counts(sd.get("counts")), f"{sd.get('time', 0):.1f}"]
+            if side == "tideloop":
+                row.append(str(sd.get("loops_created", 0)))
+            bad = [c["how"].split()[0] if c["how"].startswith("hang") else c["how"]
+                   for c in sd.get("crashes", [])]
+            if bad:
+                notes.append(f"{side}: " + ", ".join(
+                    f"{bad.count(b)}x {b}" for b in sorted(set(bad))))
+            if sd.get("error"):
+                notes.append(f"{side}: {sd['error'].splitlines()[0][:70]}")
+        if both:
+            regs = d["regressions"]
+            unknown = sum(1 for r in regs if not r["known"])
+            row += [f"{len(regs)}" + (f" ({unknown} new)" if unknown != len(regs) else ""),
+                    str(len(d["nyi"])), str(len(d["skipped_on_tideloop"]))]
+        row.append("; ".join(notes))
+        rows.append(row)
+    tot = ["TOTAL"]
+    for side in sides:
+        c = {k: sum(d[side]["counts"][k] for d in report["modules"].values()
+                    if d[side].get("counts")) for k in
+             ("passed", "failed", "errors", "skipped", "crashed")}
+        tot += [fmt_counts(c), f"{sum(d[side].get('time', 0) for d in report['modules'].values()):.1f}"]
+        if side == "tideloop":
+            tot.append(str(sum(d[side].get("loops_created", 0) for d in report["modules"].values())))
+    if both:
+        tot += [str(sum(len(d["regressions"]) for d in report["modules"].values())),
+                str(sum(len(d["nyi"]) for d in report["modules"].values())),
+                str(sum(len(d["skipped_on_tideloop"]) for d in report["modules"].values()))]
+    tot.append("")
+    rows.append(tot)
+    widths = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(len(hdr))]
+    line = lambda r: "  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip()
+    print(line(hdr))
+    print(line(["-" * w for w in widths]))
+    for r in rows[:-1]:
+        print(line(r))
+    print(line(["-" * w for w in widths]))
+    print(line(rows[-1]))
+    print("p/f/e/s = passed/failed/errors/skipped, s = seconds, loops = loops the tideloop "
+          "side created (0: the module only tests asyncio's own base classes)")
+    if both:
+        print("regr = passes on stock, not on tideloop; nyi = failed on tideloop with "
+              "NotImplementedError; skip = skipped on tideloop")
+
+
+def one_line(r):
+    msg = (r.get("message") or r.get("reason") or "").strip().splitlines()
+    msg = msg[0][:110] if msg else ""
+    exc = (r.get("exc") or [""])[0]
+    return f"{r['outcome']:7} {r['key']}  {exc}: {msg}".rstrip(": ")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--loop", choices=sorted(SIDES), default="both")
+    ap.add_argument("--modules", help="comma-separated (default: %s)" % ",".join(MODULES))
+    ap.add_argument("--json", help="write the full report here")
+    ap.add_argument("--verbose", action="store_true",
+                    help="list the ids of regressions, nyi and skipped tests")
+    ap.add_argument("--strict", action="store_true",
+                    help="exit 1 on a regression not in --known")
+    ap.add_argument("--known", help="known-failures file (key per line, # reason)")
+    ap.add_argument("--nyi-as-regression", action="store_true",
+                    help="count NotImplementedError failures as regressions")
+    ap.add_argument("--timeout", type=float, default=300, help="per module and loop, seconds")
+    ap.add_argument("--test-timeout", type=float, default=120,
+                    help="per test watchdog, seconds (0 = off)")
+    ap.add_argument("--max-restarts", type=int, default=30,
+                    help="resume a module after this many crashes at most")
+    ap.add_argument("--workdir", help="where child logs go (default: a temp dir)")
+    ap.add_argument("--python", default=sys.executable, help=argparse.SUPPRESS)
+    ap.add_argument("--loop-factory", default="tideloop:Loop", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    modules = args.modules.split(",") if args.modules else MODULES
+    sides = SIDES[args.loop]
+    known = load_known(args.known)
+    workdir = args.workdir or tempfile.mkdtemp(prefix="tideloop-conformance-")
+    os.makedirs(workdir, exist_ok=True)
+
+    t0 = time.monotonic()
+    report = {"command": " ".join([os.path.relpath(__file__, REPO)] + sys.argv[1:]),
+              "python": sys.version.split()[0], "loop": args.loop,
+              "loop_factory": args.loop_factory if "tideloop" in sides else None,
+              "workdir": workdir, "modules": {}}
+    for m in modules:
+        d = {}
+        for side in sides:
+            print(f"[{time.monotonic() - t0:6.1f}s] {m} on {side} ...", file=sys.stderr, flush=True)
+            info = run_side(m, side, args, workdir)
+            info["counts"] = counts(info["results"]) if info["results"] or not info["error"] else None
+            d[side] = info
+        if len(sides) == 2:
+            regs, nyi, skipped, fixed = compare(d["stock"]["results"], d["tideloop"]["results"],
+                                                args, known)
+            d["regressions"], d["nyi"], d["skipped_on_tideloop"], d["fixed"] = regs, nyi, skipped, fixed
+            lc = d["tideloop"]["loops_created"]
+            if d["tideloop"]["loop_type"] and lc == 0:
+                d["tideloop"].setdefault("warnings", []).append(
+                    "no loop created through the patched paths")
+        report["modules"][m] = d
+    report["wall_time_s"] = round(time.monotonic() - t0, 1)
+
+    print()
+    if "tideloop" in sides:
+        types = {d["tideloop"]["loop_type"] for d in report["modules"].values()}
+        print(f"tideloop side ran on: {', '.join(sorted(t for t in types if t) or ['(nothing)'])}")
+    print_table(report, sides)
+
+    new_regs = []
+    if len(sides) == 2:
+        for m, d in report["modules"].items():
+            new_regs += [r for r in d["regressions"] if not r["known"]]
+        if args.verbose:
+            for m, d in report["modules"].items():
+                for title, lst in (("regressions", d["regressions"]), ("nyi", d["nyi"]),
+                                   ("skipped on tideloop", d["skipped_on_tideloop"])):
+                    if lst:
+                        print(f"\n{m}: {title} ({len(lst)})")
+                        for r in lst:
+                            k = "  [known: %s]" % r["known_reason"] if r.get("known") else ""
+                            print("  " + one_line(r) + k)
+        elif new_regs:
+            print(f"\n{len(new_regs)} regression(s) not in the known list; --verbose lists them")
+        # known entries for the modules that ran which no longer fail
+        failing = [r["key"] for d in report["modules"].values()
+                   for r in d["regressions"] + d["nyi"] + d["skipped_on_tideloop"]]
+        stale = [pat for pat, _ in known
+                 if pat.split(".")[0] in report["modules"]
+                 and not any(k == pat or fnmatch.fnmatchcase(k, pat) for k in failing)]
+        report["stale_known"] = stale
+        if stale:
+            print(f"\nknown-failure entries that now pass (remove them): {', '.join(stale)}")
+    print(f"\nwall time {report['wall_time_s']:.1f} s; child logs in {workdir}")
+
+    if args.json:
+        for d in report["modules"].values():
+            for side in sides:
+                res = d[side].pop("results")
+                d[side]["not_passing"] = [brief(r) for r in res.values()
+                                          if r["outcome"] not in PASSING]
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+        print(f"report written to {args.json}")
+
+    failed_runs = [m for m, d in report["modules"].items()
+                   if any(d[s].get("error") and not d[s].get("counts") for s in sides)]
+    if args.strict and (new_regs or failed_runs):
+        print(f"--strict: {len(new_regs)} unknown regression(s), "
+              f"{len(failed_runs)} module(s) that did not run", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Shared fixtures: every behavioural test runs on stock asyncio AND on tideloop.
+
+The ``loop_name`` fixture is parametrised over ``["asyncio", "tideloop"]``; the
+asyncio param is the spec (the stock selector loop), the tideloop param must
+agree with it.  ``import tideloop`` is a plain import inside the fixture, so a
+missing or broken build makes every tideloop-param test fail, never skip.
+"""
+import asyncio
+import faulthandler
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+LOOP_NAMES = ["asyncio", "tideloop"]
+SRC_DIR = Path(__file__).resolve().parents[1] / "src"
+
+# A hung loop must not hang the suite: SIGALRM raises in the main thread
+# (a loop that checks signals while polling surfaces it as an exception);
+# faulthandler is the last resort and kills the process with tracebacks.
+TEST_TIMEOUT = 30
+HARD_TIMEOUT = 90
+
+
+class WatchdogTimeout(BaseException):
+    """Raised by the per-test SIGALRM watchdog."""
+
+
+def _on_alarm(signum, frame):
+    raise WatchdogTimeout(f"test exceeded {TEST_TIMEOUT} s")
+
+
+@pytest.fixture(autouse=True)
+def _watchdog():
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main:
+        old = signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT)
+    faulthandler.dump_traceback_later(HARD_TIMEOUT, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        if in_main:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(params=LOOP_NAMES, ids=LOOP_NAMES)
+def loop_name(request):
+    return request.param
+
+
+def make_loop_factory(loop_name):
+    """Zero-arg factory for a fresh, untracked loop of the given kind."""
+    if loop_name == "asyncio":
+        # The stock selector loop, whatever the current policy says.
+        return asyncio.SelectorEventLoop
+    import tideloop  # plain import: a missing build must FAIL, not skip
+
+    return tideloop.new_event_loop
+
+
+@pytest.fixture
+def raw_loop_factory(loop_name):
+    """Factory whose loops are NOT tracked (for tests about unclosed loops)."""
+    return make_loop_factory(loop_name)
+
+
+@pytest.fixture
+def new_loop(raw_loop_factory):
+    """Zero-arg factory; loops it makes are closed at teardown if still open."""
+    created = []
+
+    def factory():
+        lp = raw_loop_factory()
+        created.append(lp)
+        return lp
+
+    yield factory
+    for lp in created:
+        try:
+            if not lp.is_running() and not lp.is_closed():
+                lp.close()
+        except Exception:
+            pass
+    created.clear()
+    asyncio.set_event_loop(None)
+
+
+@pytest.fixture
+def loop(new_loop):
+    """A fresh loop with debug OFF (whatever -X dev / PYTHONASYNCIODEBUG say);
+    debug tests turn it on explicitly.  Closed at teardown."""
+    lp = new_loop()
+    lp.set_debug(False)
+    yield lp
+    if not lp.is_running():
+        lp.close()
+    asyncio.set_event_loop(None)
+    gc.collect()
+
+
+@pytest.fixture
+def run(loop):
+    """run(coro_or_future) -> loop.run_until_complete(...) on the test's loop."""
+
+    def _run(aw):
+        return loop.run_until_complete(aw)
+
+    return _run
+
+
+_PREAMBLE = """\
+import asyncio, sys
+LOOP_NAME = sys.argv[1]
+def new_loop():
+    if LOOP_NAME == "asyncio":
+        return asyncio.SelectorEventLoop()
+    import tideloop
+    return tideloop.new_event_loop()
+"""
+
+
+def _tideloop_root():
+    """Where the tideloop under test comes from: the in-place build in src/
+    when there is one, else wherever the parent imports it (site-packages)."""
+    if list((SRC_DIR / "tideloop").glob("_core*.so")):
+        return SRC_DIR
+    import importlib.util
+
+    spec = importlib.util.find_spec("tideloop")
+    if spec is not None and spec.origin:
+        return Path(spec.origin).resolve().parents[1]
+    return SRC_DIR
+
+
+def child_env(extra=None):
+    env = dict(os.environ)
+    parts = [str(_tideloop_root())]
+    if env.get("PYTHONPATH"):
+        parts.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    env.pop("PYTHONASYNCIODEBUG", None)
+    env.pop("PYTHONDEVMODE", None)
+    if extra:
+        env.update(extra)
+    return env
+
+
+@pytest.fixture
+def run_script(loop_name):
+    """Run a snippet in a fresh interpreter; ``new_loop()`` and ``LOOP_NAME``
+    are predefined for the current param.  Returns CompletedProcess."""
+
+    def _run(code, *, timeout=30, env=None, pyflags=()):
+        src = _PREAMBLE + textwrap.dedent(code)
+        return subprocess.run(
+            [sys.executable, *pyflags, "-c", src, loop_name],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=child_env(env),
+        )
+
+    return _run
