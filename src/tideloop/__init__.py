@@ -90,6 +90,10 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
     def __init__(self):
         self._asyncgens = weakref.WeakSet()
         self._set_debug_flag(_coroutines._is_debug_mode())
+        # CPython's C Task looks up loop.call_soon with a plain getattr on
+        # every wakeup, which allocates a bound method each time; one kept
+        # in the instance dict is found first and reused.
+        self.call_soon = self.call_soon
 
     def __repr__(self):
         return (f"<{self.__class__.__name__} running={self.is_running()} "

@@ -125,6 +125,7 @@ struct LoopObject {
     tl_fdentry *fds;
     size_t fds_cap;
     size_t fds_registered;
+    size_t fds_internal;         /* how many of those are the loop's own */
     tl_poll_event *events;
     int events_cap;
 
@@ -141,6 +142,7 @@ struct LoopObject {
     uint64_t n_iterations;
     uint64_t n_callbacks;
     uint64_t n_io_events;
+    uint64_t n_polls;
     uint64_t n_timers_fired;
     uint64_t n_slow_callbacks;
     double poll_time;
