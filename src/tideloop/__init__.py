@@ -21,7 +21,10 @@ import warnings
 import weakref
 
 from asyncio import base_events as _base_events
+from asyncio import constants as _constants
 from asyncio import coroutines as _coroutines
+from asyncio import selector_events as _selector_events
+from asyncio import unix_events as _unix_events
 from asyncio.log import logger as _logger
 
 from . import _core
@@ -38,11 +41,17 @@ os.register_at_fork(after_in_child=_core._after_fork_child)
 _BaseEventLoop = asyncio.BaseEventLoop
 
 
-def _borrow(name):
-    # Once-per-call orchestration that asyncio's BaseEventLoop implements only
-    # in terms of the public loop API: reusing the stdlib's own functions keeps
-    # messages, log text and edge cases identical to the stock loop.
-    return _BaseEventLoop.__dict__[name]
+def _borrow(name, cls=_BaseEventLoop):
+    # Once-per-call orchestration that asyncio implements only in terms of the
+    # loop's API (getaddrinfo, sock_connect, _make_socket_transport,
+    # _start_serving, ...): reusing the stdlib's own functions keeps messages,
+    # log text and edge cases identical to the stock loop, while everything
+    # per event or per byte runs in C.
+    return cls.__dict__[name]
+
+
+_SelectorLoop = _selector_events.BaseSelectorEventLoop
+_UnixLoop = _unix_events._UnixSelectorEventLoop
 
 
 def _numeric_host(host):
@@ -247,6 +256,93 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
             self._restore_wakeup_fd()
         return True
 
+    # -- networking: orchestration (once per connection or server) ---------
+
+    _ensure_resolved = _borrow("_ensure_resolved")
+    _connect_sock = _borrow("_connect_sock")
+    create_connection = _borrow("create_connection")
+    _create_connection_transport = _borrow("_create_connection_transport")
+    _create_server_getaddrinfo = _borrow("_create_server_getaddrinfo")
+    create_server = _borrow("create_server")
+    connect_accepted_socket = _borrow("connect_accepted_socket")
+    create_unix_connection = _borrow("create_unix_connection", _UnixLoop)
+    create_unix_server = _borrow("create_unix_server", _UnixLoop)
+    sendfile = _borrow("sendfile")
+    _sendfile_fallback = _borrow("_sendfile_fallback")
+    sock_sendfile = _borrow("sock_sendfile")
+    _sock_sendfile_fallback = _borrow("_sock_sendfile_fallback")
+    _check_sendfile_params = _borrow("_check_sendfile_params")
+    _sock_sendfile_native = _borrow("_sock_sendfile_native", _UnixLoop)
+    _sock_sendfile_native_impl = _borrow("_sock_sendfile_native_impl", _UnixLoop)
+    _sock_sendfile_update_filepos = _borrow("_sock_sendfile_update_filepos",
+                                            _UnixLoop)
+    _sock_add_cancellation_callback = _borrow("_sock_add_cancellation_callback",
+                                              _UnixLoop)
+
+    # The sock_* coroutines: try the syscall, wait only if it would block.
+    sock_recv = _borrow("sock_recv", _SelectorLoop)
+    _sock_recv = _borrow("_sock_recv", _SelectorLoop)
+    _sock_read_done = _borrow("_sock_read_done", _SelectorLoop)
+    sock_recv_into = _borrow("sock_recv_into", _SelectorLoop)
+    _sock_recv_into = _borrow("_sock_recv_into", _SelectorLoop)
+    sock_recvfrom = _borrow("sock_recvfrom", _SelectorLoop)
+    _sock_recvfrom = _borrow("_sock_recvfrom", _SelectorLoop)
+    sock_recvfrom_into = _borrow("sock_recvfrom_into", _SelectorLoop)
+    _sock_recvfrom_into = _borrow("_sock_recvfrom_into", _SelectorLoop)
+    sock_sendall = _borrow("sock_sendall", _SelectorLoop)
+    _sock_sendall = _borrow("_sock_sendall", _SelectorLoop)
+    sock_sendto = _borrow("sock_sendto", _SelectorLoop)
+    _sock_sendto = _borrow("_sock_sendto", _SelectorLoop)
+    sock_connect = _borrow("sock_connect", _SelectorLoop)
+    _sock_connect = _borrow("_sock_connect", _SelectorLoop)
+    _sock_write_done = _borrow("_sock_write_done", _SelectorLoop)
+    _sock_connect_cb = _borrow("_sock_connect_cb", _SelectorLoop)
+    sock_accept = _borrow("sock_accept", _SelectorLoop)
+    _sock_accept = _borrow("_sock_accept", _SelectorLoop)
+
+    def _ensure_fd_no_transport(self, fd):
+        # The C reader/writer methods refuse fds of live transports; this
+        # asks them without changing anything.
+        self._check_fd_transport(fd)
+
+    def _start_serving(self, protocol_factory, sock, sslcontext=None,
+                       server=None, backlog=100,
+                       ssl_handshake_timeout=_constants.SSL_HANDSHAKE_TIMEOUT,
+                       ssl_shutdown_timeout=_constants.SSL_SHUTDOWN_TIMEOUT):
+        if sslcontext:
+            raise NotImplementedError(
+                "tideloop: TLS servers are not implemented yet")
+        listeners = self.__dict__.setdefault("_listeners", {})
+        old = listeners.pop(sock.fileno(), None)
+        if old is not None:
+            old.close()
+        listeners[sock.fileno()] = self._serve(protocol_factory, sock, server,
+                                               backlog)
+
+    def _stop_serving(self, sock):
+        listener = self.__dict__.get("_listeners", {}).pop(sock.fileno(), None)
+        if listener is not None:
+            listener.close()
+        sock.close()
+
+    def _make_ssl_transport(self, rawsock, protocol, sslcontext, waiter=None,
+                            *args, **kwargs):
+        raise NotImplementedError("tideloop: TLS is not implemented yet")
+
+    async def _sendfile_native(self, transp, file, offset, count):
+        transp._release_fd()
+        resume_reading = transp.is_reading()
+        transp.pause_reading()
+        await transp._make_empty_waiter()
+        try:
+            return await self.sock_sendfile(transp._sock, file, offset, count,
+                                            fallback=False)
+        finally:
+            transp._reset_empty_waiter()
+            if resume_reading:
+                transp.resume_reading()
+            transp._claim_fd()
+
     # -- diagnostics -------------------------------------------------------
 
     def stats(self):
@@ -260,18 +356,15 @@ def _not_implemented(name):
     async def method(self, *args, **kwargs):
         raise NotImplementedError(
             f"tideloop: loop.{name}() is not implemented yet "
-            f"(networking arrives with a later release)")
+            f"(datagrams, pipes, subprocesses and TLS arrive in a later "
+            f"release)")
     method.__name__ = method.__qualname__ = name
     return method
 
 
-for _name in ("create_connection", "create_server", "sendfile", "start_tls",
-              "create_unix_connection", "create_unix_server",
-              "connect_accepted_socket", "create_datagram_endpoint",
+for _name in ("start_tls", "create_datagram_endpoint",
               "connect_read_pipe", "connect_write_pipe", "subprocess_shell",
-              "subprocess_exec", "sock_recv", "sock_recv_into",
-              "sock_recvfrom", "sock_recvfrom_into", "sock_sendall",
-              "sock_sendto", "sock_connect", "sock_accept", "sock_sendfile"):
+              "subprocess_exec"):
     setattr(Loop, _name, _not_implemented(_name))
 del _name
 

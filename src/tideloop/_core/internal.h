@@ -13,6 +13,8 @@
 /* Arguments up to this count live inside the handle: no tuple per call. */
 #define TL_INLINE_ARGS 3
 #define TL_HANDLE_FREELIST_MAX 1024
+/* What one recv() asks for, as asyncio's max_size. */
+#define TL_READBUF_SIZE (256 * 1024)
 
 typedef struct LoopObject LoopObject;
 typedef struct HandleObject HandleObject;
@@ -22,6 +24,9 @@ typedef struct {
     PyTypeObject *LoopType;
     PyTypeObject *HandleType;
     PyTypeObject *TimerHandleType;
+    PyTypeObject *SocketTransportType;
+    PyTypeObject *ListenerType;
+    PyTypeObject *SockOpType;
 
     PyObject *Future;                 /* asyncio.Future */
     PyObject *Task;                   /* asyncio.Task */
@@ -36,6 +41,10 @@ typedef struct {
     PyObject *logger;                 /* asyncio.log.logger */
     PyObject *format_handle;          /* asyncio.base_events._format_handle */
     PyObject *get_asyncgen_hooks;     /* sys.get_asyncgen_hooks */
+    PyObject *BufferedProtocol;       /* asyncio.BufferedProtocol */
+    PyObject *TransportSocket;        /* asyncio.trsock.TransportSocket */
+    PyObject *socket_socket;          /* socket.socket */
+    PyObject *set_result_unless_cancelled;  /* asyncio.futures */
     PyObject *set_asyncgen_hooks;     /* sys.set_asyncgen_hooks */
 
     PyObject *kw_loop;                /* ("loop",) */
@@ -89,11 +98,23 @@ struct HandleObject {
     HandleObject *next_free;
 };
 
+/* Every transport type starts with this, so the loop can tell whether an fd
+ * belongs to a live transport (add_reader refuses those, as asyncio does).
+ * The transport types derive from asyncio.Transport, whose only instance
+ * field is the '_extra' slot right after the object header: it is `extra`
+ * here (checked at import, see module.c). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *extra;             /* asyncio's BaseTransport._extra */
+    int closing;
+} tl_transport_head;
+
 typedef struct {
     HandleObject *reader;
     HandleObject *writer;
     int mask;                    /* what the poller has registered */
     int internal;                /* 1: wakeup eventfd, 2: signal pipe */
+    tl_transport_head *transport;   /* borrowed; cleared when it lets go */
 } tl_fdentry;
 
 #define TL_FD_WAKEUP 1
@@ -129,6 +150,8 @@ struct LoopObject {
     tl_poll_event *events;
     int events_cap;
 
+    char *readbuf;               /* shared receive buffer, TL_READBUF_SIZE */
+
     double clock_resolution;
     double slow_callback_duration;
     PyObject *current_handle;
@@ -163,8 +186,33 @@ int tl_handle_run(HandleObject *h);
 int tl_handle_cancel(HandleObject *h);   /* -1 only if debug repr fails */
 void tl_handle_free_list(tl_state *st);
 
+/* stream.c */
+extern PyType_Spec tl_socket_transport_spec;
+extern PyType_Spec tl_listener_spec;
+PyObject *tl_loop_make_socket_transport(PyObject *loop, PyObject *args,
+                                        PyObject *kwds);
+PyObject *tl_loop_serve(PyObject *loop, PyObject *args);
+
+/* sockaddr.c */
+struct sockaddr;
+PyObject *tl_sockaddr_to_py(const struct sockaddr *sa, unsigned int len);
+
 /* loop.c */
 extern PyType_Spec tl_loop_spec;
+/* Internal API for transports (no transport check, handles reusable). */
+int tl_loop_add_io(LoopObject *loop, int fd, int which, PyObject *callback);
+int tl_loop_remove_io(LoopObject *loop, int fd, int which);   /* 1: removed */
+int tl_loop_call_soon(LoopObject *loop, PyObject *callback,
+                      PyObject *const *args, Py_ssize_t nargs);
+PyObject *tl_loop_call_later(LoopObject *loop, double delay,
+                             PyObject *callback);
+int tl_loop_set_fd_transport(LoopObject *loop, int fd, tl_transport_head *t);
+void tl_loop_clear_fd_transport(LoopObject *loop, int fd, tl_transport_head *t);
+char *tl_loop_readbuf(LoopObject *loop);
+int tl_loop_check_closed(LoopObject *loop);
+/* loop.call_exception_handler({message, exception, **pairs}); pairs are
+ * (const char *key, PyObject *value) ending with NULL. */
+int tl_loop_report(LoopObject *loop, const char *message, PyObject *exc, ...);
 void tl_loop_unschedule_timer(LoopObject *loop, HandleObject *h);
 double tl_monotonic(void);
 

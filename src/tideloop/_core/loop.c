@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <math.h>
 #include <structmember.h>
 #include <sys/eventfd.h>
@@ -694,6 +695,14 @@ schedule_at(LoopObject *self, const char *method, double when,
     return (PyObject *)h;
 }
 
+PyObject *
+tl_loop_call_later(LoopObject *self, double delay, PyObject *callback)
+{
+    PyObject *args[1] = {callback};
+    return schedule_at(self, "call_later", tl_monotonic() + delay, args, 1,
+                       NULL);
+}
+
 static PyObject *
 loop_call_later(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
                 PyObject *kwnames)
@@ -962,6 +971,7 @@ loop_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
         Py_CLEAR(e->writer);
         e->mask = 0;
         e->internal = 0;
+        e->transport = NULL;
     }
     self->fds_registered = 0;
     self->fds_internal = 0;
@@ -979,28 +989,15 @@ loop_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+/* Install h (stolen) as the reader or writer of fd, replacing (and
+ * cancelling) the previous one. */
 static int
-add_io(LoopObject *self, PyObject *const *args, Py_ssize_t nargs,
-       const char *method, int which, int ret_handle, PyObject **out)
+set_io_handle(LoopObject *self, int fd, int which, HandleObject *h)
 {
-    if (nargs < 2) {
-        PyErr_Format(PyExc_TypeError,
-                     "%s() missing required positional argument: '%s'",
-                     method, nargs == 0 ? "fd" : "callback");
+    if (fd_reserve(self, fd) < 0) {
+        Py_DECREF(h);
         return -1;
     }
-    int fd = fd_from_object(args[0]);
-    if (fd < 0)
-        return -1;
-    if (check_closed(self) < 0 || check_fork(self) < 0)
-        return -1;
-    if (fd_reserve(self, fd) < 0)
-        return -1;
-    tl_state *st = self->state;
-    HandleObject *h = tl_handle_new(st, st->HandleType, self, args[1], args + 2,
-                                    nargs - 2, NULL, 1);
-    if (h == NULL)
-        return -1;
     tl_fdentry *e = &self->fds[fd];
     if (e->internal) {
         Py_DECREF(h);
@@ -1023,25 +1020,34 @@ add_io(LoopObject *self, PyObject *const *args, Py_ssize_t nargs,
         if (rc < 0)
             return -1;
     }
-    *out = ret_handle ? Py_NewRef((PyObject *)h) : Py_NewRef(Py_None);
     return 0;
 }
 
-static PyObject *
-remove_io(LoopObject *self, PyObject *fileobj, int which)
+int
+tl_loop_add_io(LoopObject *self, int fd, int which, PyObject *callback)
 {
-    int fd = fd_from_object(fileobj);
-    if (fd < 0)
-        return NULL;
+    if (check_closed(self) < 0 || check_fork(self) < 0)
+        return -1;
+    tl_state *st = self->state;
+    HandleObject *h = tl_handle_new(st, st->HandleType, self, callback, NULL,
+                                    0, NULL, 1);
+    if (h == NULL)
+        return -1;
+    return set_io_handle(self, fd, which, h);
+}
+
+int
+tl_loop_remove_io(LoopObject *self, int fd, int which)
+{
     if (self->closed)
-        Py_RETURN_FALSE;
+        return 0;
     if (check_fork(self) < 0)
-        return NULL;
-    if ((size_t)fd >= self->fds_cap)
-        Py_RETURN_FALSE;
+        return -1;
+    if (fd < 0 || (size_t)fd >= self->fds_cap)
+        return 0;
     tl_fdentry *e = &self->fds[fd];
     if (e->internal)
-        Py_RETURN_FALSE;
+        return 0;
     HandleObject **slot = which == TL_POLL_READ ? &e->reader : &e->writer;
     if (fd_set_mask(self, fd, e->mask & ~which) < 0) {
         /* The kernel forgot the fd already (closed); keep our table honest. */
@@ -1052,13 +1058,167 @@ remove_io(LoopObject *self, PyObject *fileobj, int which)
     }
     HandleObject *old = *slot;
     if (old == NULL)
-        Py_RETURN_FALSE;
+        return 0;
     *slot = NULL;
     int rc = tl_handle_cancel(old);
     Py_DECREF(old);
+    return rc < 0 ? -1 : 1;
+}
+
+int
+tl_loop_set_fd_transport(LoopObject *self, int fd, tl_transport_head *t)
+{
+    if (fd_reserve(self, fd) < 0)
+        return -1;
+    self->fds[fd].transport = t;
+    return 0;
+}
+
+void
+tl_loop_clear_fd_transport(LoopObject *self, int fd, tl_transport_head *t)
+{
+    if (fd >= 0 && (size_t)fd < self->fds_cap && self->fds[fd].transport == t)
+        self->fds[fd].transport = NULL;
+}
+
+char *
+tl_loop_readbuf(LoopObject *self)
+{
+    if (self->readbuf == NULL) {
+        self->readbuf = PyMem_Malloc(TL_READBUF_SIZE);
+        if (self->readbuf == NULL)
+            PyErr_NoMemory();
+    }
+    return self->readbuf;
+}
+
+int
+tl_loop_check_closed(LoopObject *self)
+{
+    return check_closed(self);
+}
+
+int
+tl_loop_call_soon(LoopObject *self, PyObject *callback, PyObject *const *args,
+                  Py_ssize_t nargs)
+{
+    if (check_closed(self) < 0)
+        return -1;
+    tl_state *st = self->state;
+    HandleObject *h = tl_handle_new(st, st->HandleType, self, callback, args,
+                                    nargs, NULL, 0);
+    if (h == NULL)
+        return -1;
+    return ready_push(self, h);
+}
+
+int
+tl_loop_report(LoopObject *self, const char *message, PyObject *exc, ...)
+{
+    tl_state *st = self->state;
+    PyObject *ctx = PyDict_New();
+    if (ctx == NULL)
+        return -1;
+    PyObject *msg = PyUnicode_FromString(message);
+    if (msg == NULL || PyDict_SetItem(ctx, st->str_message, msg) < 0) {
+        Py_XDECREF(msg);
+        Py_DECREF(ctx);
+        return -1;
+    }
+    Py_DECREF(msg);
+    if (exc != NULL && PyDict_SetItem(ctx, st->str_exception, exc) < 0) {
+        Py_DECREF(ctx);
+        return -1;
+    }
+    va_list va;
+    va_start(va, exc);
+    for (;;) {
+        const char *key = va_arg(va, const char *);
+        if (key == NULL)
+            break;
+        PyObject *value = va_arg(va, PyObject *);
+        if (value != NULL && PyDict_SetItemString(ctx, key, value) < 0) {
+            va_end(va);
+            Py_DECREF(ctx);
+            return -1;
+        }
+    }
+    va_end(va);
+    PyObject *r = PyObject_CallMethodOneArg((PyObject *)self,
+                                            st->str_call_exception_handler, ctx);
+    Py_DECREF(ctx);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* asyncio's _ensure_fd_no_transport: the public reader/writer methods
+ * refuse an fd that a live transport owns. */
+static int
+check_no_transport(LoopObject *self, int fd, PyObject *fileobj)
+{
+    if ((size_t)fd >= self->fds_cap)
+        return 0;
+    tl_transport_head *t = self->fds[fd].transport;
+    if (t != NULL && !t->closing) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "File descriptor %R is used by transport %R", fileobj,
+                     (PyObject *)t);
+        return -1;
+    }
+    return 0;
+}
+
+static int
+add_io(LoopObject *self, PyObject *const *args, Py_ssize_t nargs,
+       const char *method, int which, int ret_handle, PyObject **out)
+{
+    if (nargs < 2) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s() missing required positional argument: '%s'",
+                     method, nargs == 0 ? "fd" : "callback");
+        return -1;
+    }
+    int fd = fd_from_object(args[0]);
+    if (fd < 0)
+        return -1;
+    if (!ret_handle && check_no_transport(self, fd, args[0]) < 0)
+        return -1;
+    if (check_closed(self) < 0 || check_fork(self) < 0)
+        return -1;
+    tl_state *st = self->state;
+    HandleObject *h = tl_handle_new(st, st->HandleType, self, args[1], args + 2,
+                                    nargs - 2, NULL, 1);
+    if (h == NULL)
+        return -1;
+    Py_INCREF(h);
+    if (set_io_handle(self, fd, which, h) < 0) {
+        Py_DECREF(h);
+        return -1;
+    }
+    if (ret_handle) {
+        *out = (PyObject *)h;
+    }
+    else {
+        Py_DECREF(h);
+        *out = Py_NewRef(Py_None);
+    }
+    return 0;
+}
+
+static PyObject *
+remove_io(LoopObject *self, PyObject *fileobj, int which, int public)
+{
+    int fd = fd_from_object(fileobj);
+    if (fd < 0)
+        return NULL;
+    if (public && check_no_transport(self, fd, fileobj) < 0)
+        return NULL;
+    int rc = tl_loop_remove_io(self, fd, which);
     if (rc < 0)
         return NULL;
-    Py_RETURN_TRUE;
+    return PyBool_FromLong(rc);
 }
 
 static PyObject *
@@ -1098,15 +1258,36 @@ loop__add_writer(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *
+loop_check_fd_transport(LoopObject *self, PyObject *fileobj)
+{
+    int fd = fd_from_object(fileobj);
+    if (fd < 0 || check_no_transport(self, fd, fileobj) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
 loop_remove_reader(LoopObject *self, PyObject *fd)
 {
-    return remove_io(self, fd, TL_POLL_READ);
+    return remove_io(self, fd, TL_POLL_READ, 1);
 }
 
 static PyObject *
 loop_remove_writer(LoopObject *self, PyObject *fd)
 {
-    return remove_io(self, fd, TL_POLL_WRITE);
+    return remove_io(self, fd, TL_POLL_WRITE, 1);
+}
+
+static PyObject *
+loop__remove_reader(LoopObject *self, PyObject *fd)
+{
+    return remove_io(self, fd, TL_POLL_READ, 0);
+}
+
+static PyObject *
+loop__remove_writer(LoopObject *self, PyObject *fd)
+{
+    return remove_io(self, fd, TL_POLL_WRITE, 0);
 }
 
 static PyObject *
@@ -1465,6 +1646,7 @@ loop_dealloc(LoopObject *self)
         close(self->signal_wfd);
     }
     PyMem_Free(self->ready);
+    PyMem_Free(self->readbuf);
     PyMem_Free(self->fds);
     PyMem_Free(self->events);
     tl_heap_free(&self->timers);
@@ -1510,8 +1692,9 @@ static PyMethodDef loop_methods[] = {
      NULL},
     {"remove_reader", (PyCFunction)loop_remove_reader, METH_O, NULL},
     {"remove_writer", (PyCFunction)loop_remove_writer, METH_O, NULL},
-    {"_remove_reader", (PyCFunction)loop_remove_reader, METH_O, NULL},
-    {"_remove_writer", (PyCFunction)loop_remove_writer, METH_O, NULL},
+    {"_remove_reader", (PyCFunction)loop__remove_reader, METH_O, NULL},
+    {"_check_fd_transport", (PyCFunction)loop_check_fd_transport, METH_O, NULL},
+    {"_remove_writer", (PyCFunction)loop__remove_writer, METH_O, NULL},
     {"create_future", (PyCFunction)loop_create_future, METH_NOARGS,
      "Create a Future attached to the loop."},
     {"create_task", (PyCFunction)(void (*)(void))loop_create_task,
@@ -1521,6 +1704,11 @@ static PyMethodDef loop_methods[] = {
     {"get_task_factory", (PyCFunction)loop_get_task_factory, METH_NOARGS, NULL},
     {"_signal_pipe_open", (PyCFunction)loop_signal_pipe_open, METH_NOARGS, NULL},
     {"_signal_pipe_close", (PyCFunction)loop_signal_pipe_close, METH_NOARGS, NULL},
+    {"_make_socket_transport",
+     (PyCFunction)(void (*)(void))tl_loop_make_socket_transport,
+     METH_VARARGS | METH_KEYWORDS, NULL},
+    {"_serve", (PyCFunction)tl_loop_serve, METH_VARARGS,
+     "Start accepting on a listening socket; returns the Listener."},
     {"_make_handle", (PyCFunction)(void (*)(void))loop_make_handle,
      METH_FASTCALL, NULL},
     {"_stats", (PyCFunction)loop_stats, METH_NOARGS,

@@ -1,6 +1,8 @@
 /* Module init, module state, type registration. */
 #include "internal.h"
 
+#include <structmember.h>
+
 static int
 import_attr(PyObject **out, const char *module, const char *attr)
 {
@@ -39,6 +41,40 @@ sighandler_noop(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* asyncio.Transport, when its layout is the one tl_transport_head mirrors
+ * (an object header and the '_extra' slot); else None, and the transports
+ * stand alone. */
+static PyObject *
+transport_base_class(void)
+{
+    PyObject *base = NULL, *bt = NULL, *descr = NULL;
+    if (import_attr(&base, "asyncio", "Transport") < 0 ||
+        import_attr(&bt, "asyncio", "BaseTransport") < 0)
+        goto fail;
+    descr = PyObject_GetAttrString(bt, "__dict__");
+    PyObject *member = descr ? PyMapping_GetItemString(descr, "_extra") : NULL;
+    Py_XDECREF(descr);
+    if (member == NULL)
+        goto fail;
+    int ok = Py_IS_TYPE(member, &PyMemberDescr_Type) &&
+             ((PyMemberDescrObject *)member)->d_member->offset ==
+                 (Py_ssize_t)offsetof(tl_transport_head, extra) &&
+             ((PyTypeObject *)base)->tp_basicsize ==
+                 (Py_ssize_t)offsetof(tl_transport_head, closing) &&
+             ((PyTypeObject *)base)->tp_dictoffset == 0;
+    Py_DECREF(member);
+    Py_DECREF(bt);
+    if (!ok) {
+        Py_DECREF(base);
+        Py_RETURN_NONE;
+    }
+    return base;
+fail:
+    Py_XDECREF(base);
+    Py_XDECREF(bt);
+    return NULL;
+}
+
 static int
 core_exec(PyObject *m)
 {
@@ -56,9 +92,24 @@ core_exec(PyObject *m)
         m, &tl_loop_spec, NULL);
     if (st->LoopType == NULL)
         return -1;
+    PyObject *transport_base = transport_base_class();
+    if (transport_base == NULL)
+        return -1;
+    st->SocketTransportType = (PyTypeObject *)PyType_FromModuleAndSpec(
+        m, &tl_socket_transport_spec,
+        transport_base == Py_None ? NULL : transport_base);
+    Py_DECREF(transport_base);
+    if (st->SocketTransportType == NULL)
+        return -1;
+    st->ListenerType = (PyTypeObject *)PyType_FromModuleAndSpec(
+        m, &tl_listener_spec, NULL);
+    if (st->ListenerType == NULL)
+        return -1;
     if (PyModule_AddType(m, st->HandleType) < 0 ||
         PyModule_AddType(m, st->TimerHandleType) < 0 ||
-        PyModule_AddType(m, st->LoopType) < 0)
+        PyModule_AddType(m, st->LoopType) < 0 ||
+        PyModule_AddType(m, st->SocketTransportType) < 0 ||
+        PyModule_AddType(m, st->ListenerType) < 0)
         return -1;
 
     if (import_attr(&st->Future, "asyncio", "Future") < 0 ||
@@ -76,7 +127,12 @@ core_exec(PyObject *m)
         import_attr(&st->format_handle, "asyncio.base_events",
                     "_format_handle") < 0 ||
         import_attr(&st->get_asyncgen_hooks, "sys", "get_asyncgen_hooks") < 0 ||
-        import_attr(&st->set_asyncgen_hooks, "sys", "set_asyncgen_hooks") < 0)
+        import_attr(&st->set_asyncgen_hooks, "sys", "set_asyncgen_hooks") < 0 ||
+        import_attr(&st->BufferedProtocol, "asyncio", "BufferedProtocol") < 0 ||
+        import_attr(&st->TransportSocket, "asyncio.trsock", "TransportSocket") < 0 ||
+        import_attr(&st->socket_socket, "socket", "socket") < 0 ||
+        import_attr(&st->set_result_unless_cancelled, "asyncio.futures",
+                    "_set_result_unless_cancelled") < 0)
         return -1;
 
     if (intern(&st->str_context, "context") < 0 ||
@@ -122,6 +178,13 @@ core_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->LoopType);
     Py_VISIT(st->HandleType);
     Py_VISIT(st->TimerHandleType);
+    Py_VISIT(st->SocketTransportType);
+    Py_VISIT(st->ListenerType);
+    Py_VISIT(st->SockOpType);
+    Py_VISIT(st->BufferedProtocol);
+    Py_VISIT(st->TransportSocket);
+    Py_VISIT(st->socket_socket);
+    Py_VISIT(st->set_result_unless_cancelled);
     Py_VISIT(st->Future);
     Py_VISIT(st->Task);
     Py_VISIT(st->events_module);
@@ -147,6 +210,13 @@ core_clear(PyObject *m)
     Py_CLEAR(st->LoopType);
     Py_CLEAR(st->HandleType);
     Py_CLEAR(st->TimerHandleType);
+    Py_CLEAR(st->SocketTransportType);
+    Py_CLEAR(st->ListenerType);
+    Py_CLEAR(st->SockOpType);
+    Py_CLEAR(st->BufferedProtocol);
+    Py_CLEAR(st->TransportSocket);
+    Py_CLEAR(st->socket_socket);
+    Py_CLEAR(st->set_result_unless_cancelled);
     Py_CLEAR(st->Future);
     Py_CLEAR(st->Task);
     Py_CLEAR(st->events_module);

@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Echo servers for the network benchmark, one per asyncio API, on any loop.
+
+    python bench/echo_servers.py --loop asyncio|uvloop|tideloop \\
+        --kind protocol|buffered|streams|sockets --port P [--unix PATH]
+
+Listens on 127.0.0.1:P (P 0 picks a free port) or on the Unix socket PATH,
+prints "READY <port>" (or "READY <path>") on stdout once listening, and serves
+until killed (SIGTERM).  Every kind echoes what it reads, as soon as it reads it:
+
+* protocol  -- asyncio.Protocol: data_received(data) -> transport.write(data)
+* buffered  -- asyncio.BufferedProtocol: get_buffer() returns a memoryview of a
+               preallocated 256 KiB bytearray, buffer_updated(n) writes the
+               slice view[:n] (no copy in Python)
+* streams   -- asyncio.start_server: data = await reader.read(65536);
+               writer.write(data); await writer.drain()
+* sockets   -- a listening socket + loop.sock_accept, one task per connection:
+               data = await loop.sock_recv(sock, 65536);
+               await loop.sock_sendall(sock, data); TCP_NODELAY on accepted sockets
+               (the transports of the other kinds set it themselves)
+
+The loop is chosen with asyncio.Runner(loop_factory=...): asyncio is the stock
+asyncio.SelectorEventLoop, uvloop is uvloop.new_event_loop, tideloop is
+tideloop.new_event_loop (import it from the checkout with PYTHONPATH=src).
+
+Any failure before "READY" (an ImportError, NotImplementedError from a loop
+that lacks the API, a bind error) exits with status 1 and a one-line reason on
+stderr ("echo_servers: ERROR: ..."), after the traceback.
+"""
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+import traceback
+
+KINDS = ("protocol", "buffered", "streams", "sockets")
+LOOPS = ("asyncio", "uvloop", "tideloop")
+READ_SIZE = 65536
+BUFFER_SIZE = 256 * 1024
+
+
+def loop_factory(name):
+    if name == "asyncio":
+        return asyncio.SelectorEventLoop
+    if name == "uvloop":
+        import uvloop
+        return uvloop.new_event_loop
+    if name == "tideloop":
+        import tideloop
+        return tideloop.new_event_loop
+    raise ValueError(f"unknown loop {name!r}")
+
+
+# -- protocol ---------------------------------------------------------------
+
+class EchoProtocol(asyncio.Protocol):
+    transport = None
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        self.transport.write(data)
+
+    def connection_lost(self, exc):
+        self.transport = None
+
+
+# -- buffered ---------------------------------------------------------------
+
+class EchoBufferedProtocol(asyncio.BufferedProtocol):
+    transport = None
+
+    def connection_made(self, transport):
+        self.transport = transport
+        self.view = memoryview(bytearray(BUFFER_SIZE))
+
+    def get_buffer(self, sizehint):
+        return self.view
+
+    def buffer_updated(self, nbytes):
+        transport = self.transport
+        transport.write(self.view[:nbytes])
+        if transport.get_write_buffer_size():
+            # The transport kept part of the slice queued: some transports
+            # (uvloop, CPython >= 3.12) hold on to the memoryview instead of
+            # copying it, so the next read must not go into the same memory.
+            self.view = memoryview(bytearray(BUFFER_SIZE))
+
+    def connection_lost(self, exc):
+        self.transport = None
+
+
+# -- servers ----------------------------------------------------------------
+
+async def serve_protocol(loop, kind, host, port, unix):
+    factory = EchoProtocol if kind == "protocol" else EchoBufferedProtocol
+    if unix:
+        server = await loop.create_unix_server(factory, unix)
+    else:
+        server = await loop.create_server(factory, host, port)
+    return server, server.sockets[0].getsockname()
+
+
+async def echo_stream(reader, writer):
+    try:
+        while True:
+            data = await reader.read(READ_SIZE)
+            if not data:
+                break
+            writer.write(data)
+            await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+
+
+async def serve_streams(loop, host, port, unix):
+    if unix:
+        server = await asyncio.start_unix_server(echo_stream, unix)
+    else:
+        server = await asyncio.start_server(echo_stream, host, port)
+    return server, server.sockets[0].getsockname()
+
+
+async def echo_socket(loop, sock):
+    recv = loop.sock_recv
+    sendall = loop.sock_sendall
+    try:
+        while True:
+            data = await recv(sock, READ_SIZE)
+            if not data:
+                break
+            await sendall(sock, data)
+    except ConnectionError:
+        pass
+    finally:
+        sock.close()
+
+
+async def accept_sockets(loop, lsock, tasks):
+    tcp = lsock.family != socket.AF_UNIX
+    while True:
+        sock, _ = await loop.sock_accept(lsock)
+        sock.setblocking(False)
+        if tcp:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        task = loop.create_task(echo_socket(loop, sock))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+
+async def serve_sockets(loop, host, port, unix):
+    if unix:
+        try:
+            os.unlink(unix)
+        except FileNotFoundError:
+            pass
+        lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        lsock.bind(unix)
+    else:
+        lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        lsock.bind((host, port))
+    lsock.listen(1024)
+    lsock.setblocking(False)
+    tasks = set()
+    acceptor = loop.create_task(accept_sockets(loop, lsock, tasks))
+    return (lsock, acceptor, tasks), lsock.getsockname()
+
+
+async def main(args):
+    loop = asyncio.get_running_loop()
+    if args.kind in ("protocol", "buffered"):
+        keep, where = await serve_protocol(loop, args.kind, args.host, args.port, args.unix)
+    elif args.kind == "streams":
+        keep, where = await serve_streams(loop, args.host, args.port, args.unix)
+    else:
+        keep, where = await serve_sockets(loop, args.host, args.port, args.unix)
+        acceptor = keep[1]
+        await asyncio.sleep(0)          # let sock_accept start (and fail early)
+        if acceptor.done():
+            acceptor.result()
+    if isinstance(where, tuple):
+        where = where[1]
+    print(f"READY {where}", flush=True)
+    if args.kind == "sockets":
+        await keep[1]                   # raises if accepting fails later
+    else:
+        await asyncio.Future()          # serve until killed
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--loop", choices=LOOPS, required=True)
+    p.add_argument("--kind", choices=KINDS, required=True)
+    p.add_argument("--port", type=int, default=0,
+                   help="TCP port on --host (0: a free one, printed after READY)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--unix", default=None, metavar="PATH",
+                   help="listen on this Unix socket instead of TCP")
+    return p
+
+
+if __name__ == "__main__":
+    args = build_parser().parse_args()
+    try:
+        factory = loop_factory(args.loop)
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(main(args))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BaseException as exc:
+        if isinstance(exc, SystemExit):
+            raise
+        traceback.print_exc()
+        reason = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+        print(f"echo_servers: ERROR: {reason}", file=sys.stderr, flush=True)
+        sys.exit(1)

@@ -1,0 +1,1786 @@
+/* Stream socket transports (TCP and Unix) and the accept path of servers.
+ *
+ * Behaviour follows asyncio's _SelectorSocketTransport (selector_events.py):
+ * the same callbacks in the same order, the same errors and log messages.
+ * What differs is how: reads go into the loop's buffer and become one bytes
+ * object; writes are tried at once and the rest is queued as references to
+ * immutable bytes (mutable buffers are copied) and flushed with writev(). */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <structmember.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define LOG_THRESHOLD_FOR_CONNLOST_WRITES 5
+#define WRITEV_MAX 64
+
+typedef struct {
+    PyObject *obj;          /* bytes object owning the data */
+    const char *data;
+    Py_ssize_t len;
+} wchunk;
+
+typedef struct {
+    tl_transport_head head;     /* PyObject_HEAD + closing */
+    LoopObject *loop;
+    int fd;                     /* -1 once the socket is closed */
+    int family;
+    int type;
+    int proto;
+    PyObject *sock;             /* socket.socket, created lazily if we got an fd */
+    PyObject *protocol;
+    PyObject *data_received;    /* cached bound methods of the protocol */
+    PyObject *get_buffer;
+    PyObject *buffer_updated;
+    int buffered;
+    int protocol_connected;
+    PyObject *server;
+    PyObject *read_ready;       /* bound self._read_ready, the reader callback */
+    PyObject *write_ready;
+    PyObject *empty_waiter;
+    PyObject *sockname;         /* converted lazily from the raw addresses */
+    PyObject *peername;
+    PyObject *transport_socket;
+
+    wchunk *wq;
+    size_t wq_head, wq_len, wq_cap;
+    Py_ssize_t wq_off;          /* bytes of the first chunk already sent */
+    Py_ssize_t buffer_size;
+    Py_ssize_t high_water, low_water;
+
+    int conn_lost;
+    int paused;                 /* pause_reading() */
+    int eof;                    /* write_eof() */
+    int protocol_paused;        /* pause_writing() was called */
+    int reader_on, writer_on;
+
+    struct sockaddr_storage local_addr, peer_addr;
+    socklen_t local_len, peer_len;
+
+    PyObject *weakreflist;
+} SocketTransportObject;
+
+#define TR(o) ((SocketTransportObject *)(o))
+
+static int
+tr_is_reading(SocketTransportObject *self)
+{
+    return !self->head.closing && !self->paused;
+}
+
+/* ---- socket object and extra info ---- */
+
+/* The socket.socket object; made from our fd the first time it is needed. */
+static PyObject *
+tr_get_sock(SocketTransportObject *self)
+{
+    if (self->sock != NULL)
+        return Py_NewRef(self->sock);
+    if (self->fd < 0)
+        Py_RETURN_NONE;
+    tl_state *st = self->loop->state;
+    PyObject *s = PyObject_CallFunction(st->socket_socket, "iiii",
+                                        self->family, self->type, self->proto,
+                                        self->fd);
+    if (s == NULL)
+        return NULL;
+    self->sock = Py_NewRef(s);
+    return s;
+}
+
+static void
+tr_close_socket(SocketTransportObject *self)
+{
+    if (self->fd < 0)
+        return;
+    tl_loop_clear_fd_transport(self->loop, self->fd, &self->head);
+    if (self->sock != NULL) {
+        PyObject *r = PyObject_CallMethod(self->sock, "close", NULL);
+        if (r == NULL)
+            PyErr_WriteUnraisable(self->sock);
+        Py_XDECREF(r);
+    }
+    else {
+        close(self->fd);
+    }
+    self->fd = -1;
+}
+
+/* ---- loop registration ---- */
+
+static int
+tr_add_reader(SocketTransportObject *self)
+{
+    if (self->fd < 0)
+        return 0;
+    if (tl_loop_add_io(self->loop, self->fd, TL_POLL_READ, self->read_ready) < 0)
+        return -1;
+    self->reader_on = 1;
+    return 0;
+}
+
+static int
+tr_remove_reader(SocketTransportObject *self)
+{
+    if (self->fd < 0 || !self->reader_on)
+        return 0;
+    self->reader_on = 0;
+    return tl_loop_remove_io(self->loop, self->fd, TL_POLL_READ) < 0 ? -1 : 0;
+}
+
+static int
+tr_add_writer(SocketTransportObject *self)
+{
+    if (self->fd < 0)
+        return 0;
+    if (tl_loop_add_io(self->loop, self->fd, TL_POLL_WRITE, self->write_ready) < 0)
+        return -1;
+    self->writer_on = 1;
+    return 0;
+}
+
+static int
+tr_remove_writer(SocketTransportObject *self)
+{
+    if (self->fd < 0 || !self->writer_on)
+        return 0;
+    self->writer_on = 0;
+    return tl_loop_remove_io(self->loop, self->fd, TL_POLL_WRITE) < 0 ? -1 : 0;
+}
+
+/* ---- write queue ---- */
+
+static void
+wq_clear(SocketTransportObject *self)
+{
+    for (size_t i = 0; i < self->wq_len; i++) {
+        wchunk *c = &self->wq[(self->wq_head + i) % self->wq_cap];
+        Py_CLEAR(c->obj);
+    }
+    self->wq_head = self->wq_len = 0;
+    self->wq_off = 0;
+    self->buffer_size = 0;
+}
+
+/* Queue data[0:len] of obj: bytes are referenced, anything else copied. */
+static int
+wq_push(SocketTransportObject *self, PyObject *obj, const char *data,
+        Py_ssize_t len)
+{
+    if (self->wq_len == self->wq_cap) {
+        size_t cap = self->wq_cap ? self->wq_cap * 2 : 16;
+        wchunk *q = PyMem_Malloc(cap * sizeof(*q));
+        if (q == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (size_t i = 0; i < self->wq_len; i++)
+            q[i] = self->wq[(self->wq_head + i) % self->wq_cap];
+        PyMem_Free(self->wq);
+        self->wq = q;
+        self->wq_head = 0;
+        self->wq_cap = cap;
+    }
+    PyObject *owner;
+    if (PyBytes_CheckExact(obj)) {
+        owner = Py_NewRef(obj);
+    }
+    else {
+        owner = PyBytes_FromStringAndSize(data, len);
+        if (owner == NULL)
+            return -1;
+        data = PyBytes_AS_STRING(owner);
+    }
+    wchunk *c = &self->wq[(self->wq_head + self->wq_len) % self->wq_cap];
+    c->obj = owner;
+    c->data = data;
+    c->len = len;
+    self->wq_len++;
+    self->buffer_size += len;
+    return 0;
+}
+
+/* Drop n sent bytes from the front of the queue. */
+static void
+wq_consume(SocketTransportObject *self, Py_ssize_t n)
+{
+    self->buffer_size -= n;
+    while (n > 0 && self->wq_len) {
+        wchunk *c = &self->wq[self->wq_head];
+        Py_ssize_t left = c->len - self->wq_off;
+        if (n < left) {
+            self->wq_off += n;
+            return;
+        }
+        n -= left;
+        Py_CLEAR(c->obj);
+        self->wq_head = (self->wq_head + 1) % self->wq_cap;
+        self->wq_len--;
+        self->wq_off = 0;
+    }
+}
+
+/* ---- protocol callbacks with asyncio's error handling ---- */
+
+static int
+is_fatal_base_exception(void)
+{
+    return PyErr_ExceptionMatches(PyExc_SystemExit) ||
+           PyErr_ExceptionMatches(PyExc_KeyboardInterrupt);
+}
+
+static PyObject *
+fetch_exception(void)
+{
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyErr_NormalizeException(&t, &v, &tb);
+    if (tb != NULL && v != NULL)
+        PyException_SetTraceback(v, tb);
+    Py_XDECREF(t);
+    Py_XDECREF(tb);
+    return v;
+}
+
+static int tr_force_close(SocketTransportObject *self, PyObject *exc);
+
+/* asyncio's _fatal_error: OSErrors are only logged in debug mode, anything
+ * else goes to the exception handler; then the transport is force-closed. */
+static int
+tr_fatal_error(SocketTransportObject *self, PyObject *exc, const char *message)
+{
+    tl_state *st = self->loop->state;
+    if (PyObject_IsInstance(exc, PyExc_OSError) == 1) {
+        if (self->loop->debug) {
+            PyObject *kw = Py_BuildValue("{sO}", "exc_info", exc);
+            PyObject *args = Py_BuildValue("(sOs)", "%r: %s", (PyObject *)self,
+                                           message);
+            PyObject *meth = PyObject_GetAttrString(st->logger, "debug");
+            PyObject *r = (kw && args && meth) ? PyObject_Call(meth, args, kw)
+                                               : NULL;
+            Py_XDECREF(kw);
+            Py_XDECREF(args);
+            Py_XDECREF(meth);
+            if (r == NULL)
+                return -1;
+            Py_DECREF(r);
+        }
+    }
+    else if (tl_loop_report(self->loop, message, exc, "transport",
+                            (PyObject *)self, "protocol", self->protocol,
+                            NULL) < 0) {
+        return -1;
+    }
+    return tr_force_close(self, exc);
+}
+
+/* After a failed call: propagate SystemExit/KeyboardInterrupt, else hand
+ * the exception to tr_fatal_error.  Returns -1 only to propagate. */
+static int
+tr_fail(SocketTransportObject *self, const char *message)
+{
+    if (is_fatal_base_exception())
+        return -1;
+    PyObject *exc = fetch_exception();
+    int rc = tr_fatal_error(self, exc, message);
+    Py_XDECREF(exc);
+    return rc;
+}
+
+static int
+tr_call_flow(SocketTransportObject *self, const char *meth, const char *fail)
+{
+    PyObject *r = PyObject_CallMethod(self->protocol, meth, NULL);
+    if (r != NULL) {
+        Py_DECREF(r);
+        return 0;
+    }
+    if (is_fatal_base_exception())
+        return -1;
+    PyObject *exc = fetch_exception();
+    int rc = tl_loop_report(self->loop, fail, exc, "transport", (PyObject *)self,
+                            "protocol", self->protocol, NULL);
+    Py_XDECREF(exc);
+    return rc;
+}
+
+static int
+tr_maybe_pause_protocol(SocketTransportObject *self)
+{
+    if (self->buffer_size <= self->high_water || self->protocol_paused)
+        return 0;
+    self->protocol_paused = 1;
+    return tr_call_flow(self, "pause_writing", "protocol.pause_writing() failed");
+}
+
+static int
+tr_maybe_resume_protocol(SocketTransportObject *self)
+{
+    if (!self->protocol_paused || self->buffer_size > self->low_water)
+        return 0;
+    self->protocol_paused = 0;
+    return tr_call_flow(self, "resume_writing", "protocol.resume_writing() failed");
+}
+
+/* ---- closing ---- */
+
+static int
+tr_schedule_connection_lost(SocketTransportObject *self, PyObject *exc)
+{
+    PyObject *meth = PyObject_GetAttrString((PyObject *)self,
+                                            "_call_connection_lost");
+    if (meth == NULL)
+        return -1;
+    PyObject *arg = exc ? exc : Py_None;
+    int rc = tl_loop_call_soon(self->loop, meth, &arg, 1);
+    Py_DECREF(meth);
+    return rc;
+}
+
+static int
+tr_force_close(SocketTransportObject *self, PyObject *exc)
+{
+    if (self->conn_lost)
+        return 0;
+    if (self->wq_len) {
+        wq_clear(self);
+        if (tr_remove_writer(self) < 0)
+            return -1;
+    }
+    if (!self->head.closing) {
+        self->head.closing = 1;
+        if (tr_remove_reader(self) < 0)
+            return -1;
+    }
+    self->conn_lost++;
+    return tr_schedule_connection_lost(self, exc);
+}
+
+static PyObject *
+tr_call_connection_lost(SocketTransportObject *self, PyObject *exc)
+{
+    PyObject *r = NULL;
+    if (self->protocol_connected && self->protocol != NULL) {
+        r = PyObject_CallMethod(self->protocol, "connection_lost", "O", exc);
+    }
+    else {
+        r = Py_NewRef(Py_None);
+    }
+    /* finally: */
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    tr_close_socket(self);
+    Py_CLEAR(self->protocol);
+    Py_CLEAR(self->data_received);
+    Py_CLEAR(self->get_buffer);
+    Py_CLEAR(self->buffer_updated);
+    PyObject *server = self->server;
+    self->server = NULL;
+    if (server != NULL) {
+        PyObject *d = PyObject_CallMethod(server, "_detach", NULL);
+        Py_DECREF(server);
+        if (d == NULL) {
+            if (et == NULL)
+                PyErr_Fetch(&et, &ev, &etb);
+            else
+                PyErr_Clear();
+        }
+        Py_XDECREF(d);
+    }
+    if (self->empty_waiter != NULL) {
+        PyObject *cerr = PyObject_CallFunction(PyExc_ConnectionError, "s",
+                                               "Connection is closed by peer");
+        PyObject *d = cerr ? PyObject_CallMethod(self->empty_waiter,
+                                                 "set_exception", "O", cerr)
+                           : NULL;
+        Py_XDECREF(cerr);
+        if (d == NULL) {
+            if (et == NULL)
+                PyErr_Fetch(&et, &ev, &etb);
+            else
+                PyErr_Clear();
+        }
+        Py_XDECREF(d);
+    }
+    if (et != NULL) {
+        Py_XDECREF(r);
+        PyErr_Restore(et, ev, etb);
+        return NULL;
+    }
+    return r;
+}
+
+/* ---- reading ---- */
+
+static int
+tr_on_eof(SocketTransportObject *self)
+{
+    if (self->loop->debug) {
+        PyObject *r = PyObject_CallMethod(self->loop->state->logger, "debug",
+                                          "sO", "%r received EOF",
+                                          (PyObject *)self);
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+    }
+    PyObject *keep = PyObject_CallMethod(self->protocol, "eof_received", NULL);
+    if (keep == NULL)
+        return tr_fail(self, "Fatal error: protocol.eof_received() call failed.");
+    int k = PyObject_IsTrue(keep);
+    Py_DECREF(keep);
+    if (k < 0)
+        return tr_fail(self, "Fatal error: protocol.eof_received() call failed.");
+    if (k)
+        return tr_remove_reader(self);
+    PyObject *r = PyObject_CallMethod((PyObject *)self, "close", NULL);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *
+tr_os_error(void)
+{
+    PyErr_SetFromErrno(PyExc_OSError);
+    return fetch_exception();
+}
+
+static int
+tr_read_buffered(SocketTransportObject *self)
+{
+    PyObject *arg = PyLong_FromLong(-1);
+    if (arg == NULL)
+        return -1;
+    PyObject *buf = PyObject_CallOneArg(self->get_buffer, arg);
+    Py_DECREF(arg);
+    if (buf == NULL)
+        return tr_fail(self, "Fatal error: protocol.get_buffer() call failed.");
+    /* asyncio checks len(buf) here and lets recv_into() judge the rest. */
+    Py_ssize_t blen = PyObject_Size(buf);
+    if (blen <= 0) {
+        Py_DECREF(buf);
+        if (blen == 0)
+            PyErr_SetString(PyExc_RuntimeError,
+                            "get_buffer() returned an empty buffer");
+        return tr_fail(self, "Fatal error: protocol.get_buffer() call failed.");
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE) < 0) {
+        /* Word it as socket.recv_into() would. */
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError,
+                     "recv_into() argument 'buffer' must be read-write "
+                     "bytes-like object, not %.50s", Py_TYPE(buf)->tp_name);
+        Py_DECREF(buf);
+        return tr_fail(self, "Fatal read error on socket transport");
+    }
+    ssize_t n;
+    do {
+        n = recv(self->fd, view.buf, (size_t)view.len, 0);
+    } while (n < 0 && errno == EINTR);
+    int err = errno;
+    PyBuffer_Release(&view);
+    Py_DECREF(buf);
+    if (n < 0) {
+        if (err == EAGAIN || err == EWOULDBLOCK)
+            return 0;
+        errno = err;
+        PyObject *exc = tr_os_error();
+        int rc = tr_fatal_error(self, exc, "Fatal read error on socket transport");
+        Py_XDECREF(exc);
+        return rc;
+    }
+    if (n == 0)
+        return tr_on_eof(self);
+    PyObject *nb = PyLong_FromSsize_t(n);
+    if (nb == NULL)
+        return -1;
+    PyObject *r = PyObject_CallOneArg(self->buffer_updated, nb);
+    Py_DECREF(nb);
+    if (r == NULL)
+        return tr_fail(self, "Fatal error: protocol.buffer_updated() call failed.");
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *
+tr_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->conn_lost || self->fd < 0)
+        Py_RETURN_NONE;
+    int rc;
+    if (self->buffered) {
+        rc = tr_read_buffered(self);
+    }
+    else {
+        char *buf = tl_loop_readbuf(self->loop);
+        if (buf == NULL)
+            return NULL;
+        ssize_t n;
+        do {
+            n = recv(self->fd, buf, TL_READBUF_SIZE, 0);
+        } while (n < 0 && errno == EINTR);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                Py_RETURN_NONE;
+            PyObject *exc = tr_os_error();
+            rc = tr_fatal_error(self, exc, "Fatal read error on socket transport");
+            Py_XDECREF(exc);
+        }
+        else if (n == 0) {
+            rc = tr_on_eof(self);
+        }
+        else {
+            PyObject *data = PyBytes_FromStringAndSize(buf, n);
+            if (data == NULL)
+                return NULL;
+            if (self->data_received == NULL) {
+                self->data_received = PyObject_GetAttrString(self->protocol,
+                                                             "data_received");
+            }
+            PyObject *r = self->data_received
+                              ? PyObject_CallOneArg(self->data_received, data)
+                              : NULL;
+            Py_DECREF(data);
+            if (r == NULL) {
+                rc = tr_fail(self,
+                             "Fatal error: protocol.data_received() call failed.");
+            }
+            else {
+                Py_DECREF(r);
+                rc = 0;
+            }
+        }
+    }
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ---- writing ---- */
+
+static int
+tr_write_bytes(SocketTransportObject *self, PyObject *obj, const char *data,
+               Py_ssize_t len)
+{
+    if (self->conn_lost) {
+        if (self->conn_lost >= LOG_THRESHOLD_FOR_CONNLOST_WRITES) {
+            PyObject *r = PyObject_CallMethod(self->loop->state->logger,
+                                              "warning", "s",
+                                              "socket.send() raised exception.");
+            if (r == NULL)
+                return -1;
+            Py_DECREF(r);
+        }
+        self->conn_lost++;
+        return 0;
+    }
+    if (self->wq_len == 0) {
+        /* Nothing queued: try to send now. */
+        ssize_t n;
+        do {
+            n = send(self->fd, data, (size_t)len, MSG_NOSIGNAL);
+        } while (n < 0 && errno == EINTR);
+        if (n < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                PyObject *exc = tr_os_error();
+                int rc = tr_fatal_error(self, exc,
+                                        "Fatal write error on socket transport");
+                Py_XDECREF(exc);
+                return rc;
+            }
+            n = 0;
+        }
+        if (n == len)
+            return 0;
+        data += n;
+        len -= n;
+        if (tr_add_writer(self) < 0)
+            return -1;
+    }
+    if (wq_push(self, obj, data, len) < 0)
+        return -1;
+    return tr_maybe_pause_protocol(self);
+}
+
+static int
+check_writable_data(PyObject *data)
+{
+    if (!PyBytes_Check(data) && !PyByteArray_Check(data) &&
+        !PyMemoryView_Check(data)) {
+        PyErr_Format(PyExc_TypeError,
+                     "data argument must be a bytes-like object, not '%.200s'",
+                     Py_TYPE(data)->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+static int
+check_can_write(SocketTransportObject *self)
+{
+    if (self->eof) {
+        PyErr_SetString(PyExc_RuntimeError, "Cannot call write() after write_eof()");
+        return -1;
+    }
+    if (self->empty_waiter != NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "unable to write; sendfile is in progress");
+        return -1;
+    }
+    return 0;
+}
+
+static int
+tr_write_object(SocketTransportObject *self, PyObject *data)
+{
+    if (PyBytes_CheckExact(data)) {
+        Py_ssize_t len = PyBytes_GET_SIZE(data);
+        if (len == 0)
+            return 0;
+        return tr_write_bytes(self, data, PyBytes_AS_STRING(data), len);
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
+        return -1;
+    int rc = 0;
+    if (view.len > 0)
+        rc = tr_write_bytes(self, data, view.buf, view.len);
+    PyBuffer_Release(&view);
+    return rc;
+}
+
+static PyObject *
+tr_write(SocketTransportObject *self, PyObject *data)
+{
+    if (check_writable_data(data) < 0 || check_can_write(self) < 0)
+        return NULL;
+    if (tr_write_object(self, data) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+tr_writelines(SocketTransportObject *self, PyObject *list)
+{
+    /* asyncio joins the items first: check them all before writing any. */
+    PyObject *seq = PySequence_Fast(list, "writelines() argument must be iterable");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyObject_CheckBuffer(items[i])) {
+            PyErr_Format(PyExc_TypeError,
+                         "sequence item %zd: expected a bytes-like object, "
+                         "%.80s found", i, Py_TYPE(items[i])->tp_name);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    if (check_can_write(self) < 0) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    int was_lost = self->conn_lost;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (tr_write_object(self, items[i]) < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (!was_lost && self->conn_lost)
+            break;   /* one failure, one report: the rest has nowhere to go */
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+tr_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->conn_lost || self->fd < 0 || self->wq_len == 0)
+        Py_RETURN_NONE;
+    struct iovec iov[WRITEV_MAX];
+    int cnt = 0;
+    for (size_t i = 0; i < self->wq_len && cnt < WRITEV_MAX; i++, cnt++) {
+        wchunk *c = &self->wq[(self->wq_head + i) % self->wq_cap];
+        Py_ssize_t off = i == 0 ? self->wq_off : 0;
+        iov[cnt].iov_base = (char *)c->data + off;
+        iov[cnt].iov_len = (size_t)(c->len - off);
+    }
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
+    ssize_t n;
+    do {
+        n = sendmsg(self->fd, &msg, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            Py_RETURN_NONE;
+        PyObject *exc = tr_os_error();
+        int rc = tr_remove_writer(self);
+        wq_clear(self);
+        if (rc == 0)
+            rc = tr_fatal_error(self, exc, "Fatal write error on socket transport");
+        if (rc == 0 && self->empty_waiter != NULL) {
+            PyObject *r = PyObject_CallMethod(self->empty_waiter,
+                                              "set_exception", "O", exc);
+            if (r == NULL)
+                rc = -1;
+            Py_XDECREF(r);
+        }
+        Py_XDECREF(exc);
+        if (rc < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    if (n > 0)
+        wq_consume(self, n);
+    if (tr_maybe_resume_protocol(self) < 0)   /* may write more */
+        return NULL;
+    if (self->wq_len == 0) {
+        if (tr_remove_writer(self) < 0)
+            return NULL;
+        if (self->empty_waiter != NULL) {
+            PyObject *r = PyObject_CallMethod(self->empty_waiter, "set_result",
+                                              "O", Py_None);
+            if (r == NULL)
+                return NULL;
+            Py_DECREF(r);
+        }
+        if (self->head.closing) {
+            PyObject *r = tr_call_connection_lost(self, Py_None);
+            if (r == NULL)
+                return NULL;
+            Py_DECREF(r);
+        }
+        else if (self->eof && self->fd >= 0) {
+            if (shutdown(self->fd, SHUT_WR) < 0)
+                return PyErr_SetFromErrno(PyExc_OSError);
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+/* ---- public transport API ---- */
+
+static PyObject *
+tr_close(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->head.closing)
+        Py_RETURN_NONE;
+    self->head.closing = 1;
+    if (tr_remove_reader(self) < 0)
+        return NULL;
+    if (self->wq_len == 0) {
+        self->conn_lost++;
+        if (tr_remove_writer(self) < 0)
+            return NULL;
+        if (tr_schedule_connection_lost(self, NULL) < 0)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+tr_abort(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (tr_force_close(self, NULL) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+tr_force_close_meth(SocketTransportObject *self, PyObject *exc)
+{
+    if (tr_force_close(self, exc == Py_None ? NULL : exc) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+tr_is_closing_meth(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyBool_FromLong(self->head.closing);
+}
+
+static PyObject *
+tr_is_reading_meth(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyBool_FromLong(tr_is_reading(self));
+}
+
+static int
+debug_log(SocketTransportObject *self, const char *fmt)
+{
+    if (!self->loop->debug)
+        return 0;
+    PyObject *r = PyObject_CallMethod(self->loop->state->logger, "debug", "sO",
+                                      fmt, (PyObject *)self);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *
+tr_pause_reading(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!tr_is_reading(self))
+        Py_RETURN_NONE;
+    self->paused = 1;
+    if (tr_remove_reader(self) < 0 || debug_log(self, "%r pauses reading") < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+tr_resume_reading(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->head.closing || !self->paused)
+        Py_RETURN_NONE;
+    self->paused = 0;
+    if (tr_add_reader(self) < 0 || debug_log(self, "%r resumes reading") < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Scheduled right after connection_made: start reading unless paused. */
+static PyObject *
+tr_start_reading(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!tr_is_reading(self))
+        Py_RETURN_NONE;
+    if (tr_add_reader(self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+tr_write_eof(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->head.closing || self->eof)
+        Py_RETURN_NONE;
+    self->eof = 1;
+    if (self->wq_len == 0 && self->fd >= 0) {
+        if (shutdown(self->fd, SHUT_WR) < 0)
+            return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+tr_can_write_eof(SocketTransportObject *Py_UNUSED(self),
+                 PyObject *Py_UNUSED(ignored))
+{
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+tr_get_write_buffer_size(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromSsize_t(self->buffer_size);
+}
+
+static PyObject *
+tr_get_write_buffer_limits(SocketTransportObject *self,
+                           PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue("nn", self->low_water, self->high_water);
+}
+
+static int
+set_limits(SocketTransportObject *self, PyObject *high, PyObject *low)
+{
+    PyObject *h = NULL, *l = NULL;
+    int rc = -1;
+    /* The same arithmetic as asyncio's _set_write_buffer_limits. */
+    if (high == Py_None) {
+        if (low == Py_None) {
+            h = PyLong_FromLong(64 * 1024);
+        }
+        else {
+            PyObject *four = PyLong_FromLong(4);
+            h = four ? PyNumber_Multiply(four, low) : NULL;
+            Py_XDECREF(four);
+        }
+    }
+    else {
+        h = Py_NewRef(high);
+    }
+    if (h == NULL)
+        return -1;
+    if (low == Py_None) {
+        PyObject *four = PyLong_FromLong(4);
+        l = four ? PyNumber_FloorDivide(h, four) : NULL;
+        Py_XDECREF(four);
+    }
+    else {
+        l = Py_NewRef(low);
+    }
+    if (l == NULL)
+        goto done;
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero == NULL)
+        goto done;
+    int ge1 = PyObject_RichCompareBool(h, l, Py_GE);
+    int ge2 = ge1 == 1 ? PyObject_RichCompareBool(l, zero, Py_GE) : ge1;
+    Py_DECREF(zero);
+    if (ge1 < 0 || ge2 < 0)
+        goto done;
+    if (!(ge1 && ge2)) {
+        PyErr_Format(PyExc_ValueError, "high (%R) must be >= low (%R) must be >= 0",
+                     h, l);
+        goto done;
+    }
+    Py_ssize_t hv = PyNumber_AsSsize_t(h, PyExc_OverflowError);
+    if (hv == -1 && PyErr_Occurred())
+        goto done;
+    Py_ssize_t lv = PyNumber_AsSsize_t(l, PyExc_OverflowError);
+    if (lv == -1 && PyErr_Occurred())
+        goto done;
+    self->high_water = hv;
+    self->low_water = lv;
+    rc = 0;
+done:
+    Py_XDECREF(h);
+    Py_XDECREF(l);
+    return rc;
+}
+
+static PyObject *
+tr_set_write_buffer_limits(SocketTransportObject *self, PyObject *args,
+                           PyObject *kwds)
+{
+    static char *kwlist[] = {"high", "low", NULL};
+    PyObject *high = Py_None, *low = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OO:set_write_buffer_limits",
+                                     kwlist, &high, &low))
+        return NULL;
+    if (set_limits(self, high, low) < 0 || tr_maybe_pause_protocol(self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static int
+tr_set_protocol_impl(SocketTransportObject *self, PyObject *protocol)
+{
+    tl_state *st = self->loop->state;
+    int buffered = PyObject_IsInstance(protocol, st->BufferedProtocol);
+    if (buffered < 0)
+        return -1;
+    PyObject *a = NULL, *b = NULL;
+    if (buffered) {
+        a = PyObject_GetAttrString(protocol, "get_buffer");
+        b = a ? PyObject_GetAttrString(protocol, "buffer_updated") : NULL;
+        if (b == NULL) {
+            Py_XDECREF(a);
+            return -1;
+        }
+        Py_CLEAR(self->data_received);
+        Py_XSETREF(self->get_buffer, a);
+        Py_XSETREF(self->buffer_updated, b);
+    }
+    else {
+        a = PyObject_GetAttrString(protocol, "data_received");
+        if (a == NULL) {
+            /* asyncio fails only when data arrives; look it up then. */
+            PyErr_Clear();
+        }
+        Py_XSETREF(self->data_received, a);
+        Py_CLEAR(self->get_buffer);
+        Py_CLEAR(self->buffer_updated);
+    }
+    self->buffered = buffered;
+    Py_XSETREF(self->protocol, Py_NewRef(protocol));
+    self->protocol_connected = 1;
+    return 0;
+}
+
+static PyObject *
+tr_set_protocol(SocketTransportObject *self, PyObject *protocol)
+{
+    if (tr_set_protocol_impl(self, protocol) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+tr_get_protocol(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_NewRef(self->protocol ? self->protocol : Py_None);
+}
+
+static PyObject *
+tr_extra_value(SocketTransportObject *self, const char *name)
+{
+    if (strcmp(name, "socket") == 0) {
+        if (self->transport_socket == NULL) {
+            PyObject *s = tr_get_sock(self);
+            if (s == NULL)
+                return NULL;
+            if (s == Py_None)
+                return s;
+            self->transport_socket =
+                PyObject_CallOneArg(self->loop->state->TransportSocket, s);
+            Py_DECREF(s);
+            if (self->transport_socket == NULL)
+                return NULL;
+        }
+        return Py_NewRef(self->transport_socket);
+    }
+    if (strcmp(name, "sockname") == 0) {
+        if (self->sockname == NULL) {
+            self->sockname = self->local_len
+                ? tl_sockaddr_to_py((struct sockaddr *)&self->local_addr,
+                                    self->local_len)
+                : Py_NewRef(Py_None);
+            if (self->sockname == NULL)
+                return NULL;
+        }
+        return Py_NewRef(self->sockname);
+    }
+    if (strcmp(name, "peername") == 0) {
+        if (self->peername == NULL) {
+            self->peername = self->peer_len
+                ? tl_sockaddr_to_py((struct sockaddr *)&self->peer_addr,
+                                    self->peer_len)
+                : Py_NewRef(Py_None);
+            if (self->peername == NULL)
+                return NULL;
+        }
+        return Py_NewRef(self->peername);
+    }
+    return NULL;
+}
+
+static PyObject *
+tr_get_extra_info(SocketTransportObject *self, PyObject *const *args,
+                  Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *name = NULL, *dflt = Py_None;
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames)) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++) {
+            PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+            if (PyUnicode_CompareWithASCIIString(k, "name") == 0)
+                name = args[nargs + i];
+            else if (PyUnicode_CompareWithASCIIString(k, "default") == 0)
+                dflt = args[nargs + i];
+            else {
+                PyErr_Format(PyExc_TypeError,
+                             "get_extra_info() got an unexpected keyword "
+                             "argument '%U'", k);
+                return NULL;
+            }
+        }
+    }
+    if (nargs >= 1)
+        name = args[0];
+    if (nargs >= 2)
+        dflt = args[1];
+    if (name == NULL || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError,
+                        "get_extra_info() takes name and an optional default");
+        return NULL;
+    }
+    if (self->head.extra != NULL) {
+        PyObject *v = PyDict_GetItemWithError(self->head.extra, name);
+        if (v != NULL)
+            return Py_NewRef(v);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    if (PyUnicode_Check(name)) {
+        const char *s = PyUnicode_AsUTF8(name);
+        if (s == NULL)
+            return NULL;
+        PyObject *v = tr_extra_value(self, s);
+        if (v != NULL || PyErr_Occurred())
+            return v;
+    }
+    return Py_NewRef(dflt);
+}
+
+static PyObject *
+tr_make_empty_waiter(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->empty_waiter != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Empty waiter is already set");
+        return NULL;
+    }
+    PyObject *fut = PyObject_CallMethod((PyObject *)self->loop, "create_future",
+                                        NULL);
+    if (fut == NULL)
+        return NULL;
+    self->empty_waiter = fut;
+    if (self->wq_len == 0) {
+        PyObject *r = PyObject_CallMethod(fut, "set_result", "O", Py_None);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+    }
+    return Py_NewRef(fut);
+}
+
+static PyObject *
+tr_reset_empty_waiter(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    Py_CLEAR(self->empty_waiter);
+    Py_RETURN_NONE;
+}
+
+/* sendfile() hands the fd to sock_sendfile for a while: the public
+ * add_writer must not see it as a transport's meanwhile. */
+static PyObject *
+tr_release_fd(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    tl_loop_clear_fd_transport(self->loop, self->fd, &self->head);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+tr_claim_fd(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->fd >= 0 &&
+        tl_loop_set_fd_transport(self->loop, self->fd, &self->head) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+tr_repr(SocketTransportObject *self)
+{
+    const char *state = self->fd < 0 ? " closed" : self->head.closing ? " closing" : "";
+    if (self->fd < 0 || self->loop->closed)
+        return PyUnicode_FromFormat("<%s%s fd=%d>", _PyType_Name(Py_TYPE(self)),
+                                    state, self->fd);
+    return PyUnicode_FromFormat("<%s%s fd=%d read=%s write=<%s, bufsize=%zd>>",
+                                _PyType_Name(Py_TYPE(self)), state, self->fd,
+                                self->reader_on ? "polling" : "idle",
+                                self->writer_on ? "polling" : "idle",
+                                self->buffer_size);
+}
+
+static PyObject *
+tr_get_sock_attr(SocketTransportObject *self, void *Py_UNUSED(c))
+{
+    return tr_get_sock(self);
+}
+
+static PyObject *
+tr_get_fd_attr(SocketTransportObject *self, void *Py_UNUSED(c))
+{
+    return PyLong_FromLong(self->fd);
+}
+
+static PyObject *
+tr_get_loop_attr(SocketTransportObject *self, void *Py_UNUSED(c))
+{
+    if (self->fd < 0 && self->conn_lost)
+        Py_RETURN_NONE;   /* asyncio drops _loop after connection_lost */
+    return Py_NewRef((PyObject *)self->loop);
+}
+
+static PyObject *
+tr_get_server_attr(SocketTransportObject *self, void *Py_UNUSED(c))
+{
+    return Py_NewRef(self->server ? self->server : Py_None);
+}
+
+static PyObject *
+tr_get_conn_lost(SocketTransportObject *self, void *Py_UNUSED(c))
+{
+    return PyLong_FromLong(self->conn_lost);
+}
+
+static PyObject *
+tr_get_closing_attr(SocketTransportObject *self, void *Py_UNUSED(c))
+{
+    return PyBool_FromLong(self->head.closing);
+}
+
+static PyObject *
+tr_get_paused_attr(SocketTransportObject *self, void *Py_UNUSED(c))
+{
+    return PyBool_FromLong(self->paused);
+}
+
+static PyObject *
+tr_get_eof_attr(SocketTransportObject *self, void *Py_UNUSED(c))
+{
+    return PyBool_FromLong(self->eof);
+}
+
+static PyObject *
+tr_get_protocol_paused(SocketTransportObject *self, void *Py_UNUSED(c))
+{
+    return PyBool_FromLong(self->protocol_paused);
+}
+
+/* ---- construction ---- */
+
+/* A transport for fd (and its socket object, when there is one).  Schedules
+ * connection_made, the start of reading and the waiter, as asyncio does. */
+static SocketTransportObject *
+tr_create(LoopObject *loop, int fd, PyObject *sock, int family, int type,
+          int proto, PyObject *protocol, PyObject *waiter, PyObject *extra,
+          PyObject *server, const struct sockaddr *peer, socklen_t peer_len)
+{
+    tl_state *st = loop->state;
+    if (tl_loop_check_closed(loop) < 0)
+        return NULL;
+    SocketTransportObject *self = PyObject_GC_New(SocketTransportObject,
+                                                  st->SocketTransportType);
+    if (self == NULL)
+        return NULL;
+    /* Zero everything after the header. */
+    memset((char *)self + sizeof(PyObject), 0,
+           sizeof(*self) - sizeof(PyObject));
+    self->fd = fd;
+    self->loop = (LoopObject *)Py_NewRef((PyObject *)loop);
+    self->family = family;
+    self->type = type;
+    self->proto = proto;
+    self->sock = Py_XNewRef(sock);
+    self->high_water = 64 * 1024;
+    self->low_water = 16 * 1024;
+    if (extra != NULL && extra != Py_None) {
+        self->head.extra = PyDict_Copy(extra);
+        if (self->head.extra == NULL)
+            goto error;
+    }
+    self->local_len = sizeof(self->local_addr);
+    if (getsockname(fd, (struct sockaddr *)&self->local_addr, &self->local_len) < 0)
+        self->local_len = 0;
+    if (peer != NULL) {
+        memcpy(&self->peer_addr, peer, peer_len);
+        self->peer_len = peer_len;
+    }
+    else {
+        self->peer_len = sizeof(self->peer_addr);
+        if (getpeername(fd, (struct sockaddr *)&self->peer_addr,
+                        &self->peer_len) < 0)
+            self->peer_len = 0;
+    }
+    PyObject_GC_Track(self);
+    if (tr_set_protocol_impl(self, protocol) < 0)
+        goto error;
+    self->read_ready = PyObject_GetAttrString((PyObject *)self, "_read_ready");
+    self->write_ready = PyObject_GetAttrString((PyObject *)self, "_write_ready");
+    if (self->read_ready == NULL || self->write_ready == NULL)
+        goto error;
+    /* TCP_NODELAY, as asyncio's _set_nodelay decides it. */
+    if ((family == AF_INET || family == AF_INET6) && type == SOCK_STREAM &&
+        proto == IPPROTO_TCP) {
+        int one = 1;
+        if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto error;
+        }
+    }
+    if (server != NULL && server != Py_None) {
+        self->server = Py_NewRef(server);
+        PyObject *r = PyObject_CallMethod(server, "_attach", NULL);
+        if (r == NULL)
+            goto error;
+        Py_DECREF(r);
+    }
+    if (tl_loop_set_fd_transport(loop, fd, &self->head) < 0)
+        goto error;
+
+    PyObject *made = PyObject_GetAttrString(protocol, "connection_made");
+    if (made == NULL)
+        goto error;
+    PyObject *arg = (PyObject *)self;
+    int rc = tl_loop_call_soon(loop, made, &arg, 1);
+    Py_DECREF(made);
+    if (rc < 0)
+        goto error;
+    PyObject *start = PyObject_GetAttrString((PyObject *)self, "_start_reading");
+    if (start == NULL)
+        goto error;
+    rc = tl_loop_call_soon(loop, start, NULL, 0);
+    Py_DECREF(start);
+    if (rc < 0)
+        goto error;
+    if (waiter != NULL && waiter != Py_None) {
+        PyObject *wargs[2] = {waiter, Py_None};
+        if (tl_loop_call_soon(loop, st->set_result_unless_cancelled, wargs, 2) < 0)
+            goto error;
+    }
+    return self;
+error:
+    /* The fd stays with the caller. */
+    tl_loop_clear_fd_transport(loop, fd, &self->head);
+    self->fd = -1;
+    Py_DECREF(self);
+    return NULL;
+}
+
+static PyObject *
+py_int_attr(PyObject *o, const char *name, int *out)
+{
+    PyObject *v = PyObject_GetAttrString(o, name);
+    if (v == NULL)
+        return NULL;
+    long l = PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (l == -1 && PyErr_Occurred())
+        return NULL;
+    *out = (int)l;
+    return Py_None;
+}
+
+/* Loop._make_socket_transport(sock, protocol, waiter=None, *, extra=None,
+ * server=None) */
+PyObject *
+tl_loop_make_socket_transport(PyObject *loop, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"sock", "protocol", "waiter", "extra", "server", NULL};
+    PyObject *sock, *protocol, *waiter = Py_None, *extra = Py_None,
+             *server = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O$OO:_make_socket_transport",
+                                     kwlist, &sock, &protocol, &waiter, &extra,
+                                     &server))
+        return NULL;
+    int family, type, proto;
+    if (py_int_attr(sock, "family", &family) == NULL ||
+        py_int_attr(sock, "type", &type) == NULL ||
+        py_int_attr(sock, "proto", &proto) == NULL)
+        return NULL;
+    PyObject *fdo = PyObject_CallMethod(sock, "fileno", NULL);
+    if (fdo == NULL)
+        return NULL;
+    int fd = (int)PyLong_AsLong(fdo);
+    Py_DECREF(fdo);
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    return (PyObject *)tr_create((LoopObject *)loop, fd, sock, family, type,
+                                 proto, protocol, waiter, extra, server, NULL, 0);
+}
+
+/* ---- type plumbing ---- */
+
+static int
+tr_traverse(SocketTransportObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->loop);
+    Py_VISIT(self->sock);
+    Py_VISIT(self->protocol);
+    Py_VISIT(self->data_received);
+    Py_VISIT(self->get_buffer);
+    Py_VISIT(self->buffer_updated);
+    Py_VISIT(self->head.extra);
+    Py_VISIT(self->server);
+    Py_VISIT(self->read_ready);
+    Py_VISIT(self->write_ready);
+    Py_VISIT(self->empty_waiter);
+    Py_VISIT(self->sockname);
+    Py_VISIT(self->peername);
+    Py_VISIT(self->transport_socket);
+    for (size_t i = 0; i < self->wq_len; i++)
+        Py_VISIT(self->wq[(self->wq_head + i) % self->wq_cap].obj);
+    return 0;
+}
+
+static int
+tr_clear(SocketTransportObject *self)
+{
+    Py_CLEAR(self->protocol);
+    Py_CLEAR(self->data_received);
+    Py_CLEAR(self->get_buffer);
+    Py_CLEAR(self->buffer_updated);
+    Py_CLEAR(self->head.extra);
+    Py_CLEAR(self->server);
+    Py_CLEAR(self->read_ready);
+    Py_CLEAR(self->write_ready);
+    Py_CLEAR(self->empty_waiter);
+    Py_CLEAR(self->sockname);
+    Py_CLEAR(self->peername);
+    Py_CLEAR(self->transport_socket);
+    if (self->wq != NULL)
+        wq_clear(self);
+    return 0;
+}
+
+/* asyncio's __del__: an unclosed transport warns and closes its socket. */
+static void
+tr_finalize(SocketTransportObject *self)
+{
+    if (self->fd < 0)
+        return;
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    PyObject *r = PyObject_Repr((PyObject *)self);
+    if (r != NULL) {
+        if (PyErr_ResourceWarning((PyObject *)self, 1, "unclosed transport %U",
+                                  r) < 0)
+            PyErr_WriteUnraisable((PyObject *)self);
+        Py_DECREF(r);
+    }
+    else {
+        PyErr_Clear();
+    }
+    if (self->loop != NULL)
+        tl_loop_clear_fd_transport(self->loop, self->fd, &self->head);
+    if (self->sock != NULL) {
+        PyObject *c = PyObject_CallMethod(self->sock, "close", NULL);
+        if (c == NULL)
+            PyErr_WriteUnraisable(self->sock);
+        Py_XDECREF(c);
+    }
+    else {
+        close(self->fd);
+    }
+    self->fd = -1;
+    PyErr_Restore(et, ev, etb);
+}
+
+static void
+tr_dealloc(SocketTransportObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    if (PyObject_CallFinalizerFromDealloc((PyObject *)self) < 0)
+        return;
+    PyObject_GC_UnTrack(self);
+    if (self->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    tr_clear(self);
+    Py_CLEAR(self->sock);
+    Py_CLEAR(self->loop);
+    PyMem_Free(self->wq);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef tr_methods[] = {
+    {"write", (PyCFunction)tr_write, METH_O, "Write data; never blocks."},
+    {"writelines", (PyCFunction)tr_writelines, METH_O, NULL},
+    {"write_eof", (PyCFunction)tr_write_eof, METH_NOARGS, NULL},
+    {"can_write_eof", (PyCFunction)tr_can_write_eof, METH_NOARGS, NULL},
+    {"close", (PyCFunction)tr_close, METH_NOARGS, NULL},
+    {"abort", (PyCFunction)tr_abort, METH_NOARGS, NULL},
+    {"is_closing", (PyCFunction)tr_is_closing_meth, METH_NOARGS, NULL},
+    {"is_reading", (PyCFunction)tr_is_reading_meth, METH_NOARGS, NULL},
+    {"pause_reading", (PyCFunction)tr_pause_reading, METH_NOARGS, NULL},
+    {"resume_reading", (PyCFunction)tr_resume_reading, METH_NOARGS, NULL},
+    {"get_extra_info", (PyCFunction)(void (*)(void))tr_get_extra_info,
+     METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"set_write_buffer_limits", (PyCFunction)(void (*)(void))tr_set_write_buffer_limits,
+     METH_VARARGS | METH_KEYWORDS, NULL},
+    {"get_write_buffer_limits", (PyCFunction)tr_get_write_buffer_limits,
+     METH_NOARGS, NULL},
+    {"get_write_buffer_size", (PyCFunction)tr_get_write_buffer_size, METH_NOARGS,
+     NULL},
+    {"get_protocol", (PyCFunction)tr_get_protocol, METH_NOARGS, NULL},
+    {"set_protocol", (PyCFunction)tr_set_protocol, METH_O, NULL},
+    {"_read_ready", (PyCFunction)tr_read_ready, METH_NOARGS, NULL},
+    {"_write_ready", (PyCFunction)tr_write_ready, METH_NOARGS, NULL},
+    {"_start_reading", (PyCFunction)tr_start_reading, METH_NOARGS, NULL},
+    {"_call_connection_lost", (PyCFunction)tr_call_connection_lost, METH_O, NULL},
+    {"_force_close", (PyCFunction)tr_force_close_meth, METH_O, NULL},
+    {"_make_empty_waiter", (PyCFunction)tr_make_empty_waiter, METH_NOARGS, NULL},
+    {"_reset_empty_waiter", (PyCFunction)tr_reset_empty_waiter, METH_NOARGS, NULL},
+    {"_release_fd", (PyCFunction)tr_release_fd, METH_NOARGS, NULL},
+    {"_claim_fd", (PyCFunction)tr_claim_fd, METH_NOARGS, NULL},
+    {NULL}
+};
+
+static PyGetSetDef tr_getset[] = {
+    {"_sock", (getter)tr_get_sock_attr, NULL, NULL, NULL},
+    {"_sock_fd", (getter)tr_get_fd_attr, NULL, NULL, NULL},
+    {"_loop", (getter)tr_get_loop_attr, NULL, NULL, NULL},
+    {"_server", (getter)tr_get_server_attr, NULL, NULL, NULL},
+    {"_conn_lost", (getter)tr_get_conn_lost, NULL, NULL, NULL},
+    {"_closing", (getter)tr_get_closing_attr, NULL, NULL, NULL},
+    {"_paused", (getter)tr_get_paused_attr, NULL, NULL, NULL},
+    {"_eof", (getter)tr_get_eof_attr, NULL, NULL, NULL},
+    {"_protocol_paused", (getter)tr_get_protocol_paused, NULL, NULL, NULL},
+    {"_protocol", (getter)tr_get_protocol, NULL, NULL, NULL},
+    {NULL}
+};
+
+static PyMemberDef tr_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET,
+     offsetof(SocketTransportObject, weakreflist), READONLY, NULL},
+    {NULL}
+};
+
+static PyType_Slot tr_slots[] = {
+    {Py_tp_dealloc, tr_dealloc},
+    {Py_tp_finalize, tr_finalize},
+    {Py_tp_traverse, tr_traverse},
+    {Py_tp_clear, tr_clear},
+    {Py_tp_repr, tr_repr},
+    {Py_tp_methods, tr_methods},
+    {Py_tp_getset, tr_getset},
+    {Py_tp_members, tr_members},
+    {Py_tp_doc, "A TCP or Unix stream socket transport."},
+    {0, NULL}
+};
+
+PyType_Spec tl_socket_transport_spec = {
+    .name = "tideloop.SocketTransport",
+    .basicsize = sizeof(SocketTransportObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
+             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = tr_slots,
+};
+
+/* ==== the accept path ==== */
+
+typedef struct {
+    PyObject_HEAD
+    LoopObject *loop;
+    PyObject *sock;             /* the listening socket.socket */
+    int fd;
+    int family, type, proto;
+    PyObject *protocol_factory;
+    PyObject *server;
+    PyObject *accept_ready;     /* bound self._accept_ready */
+    PyObject *retry_handle;     /* pending call_later after EMFILE */
+    int backlog;
+    int closed;
+} ListenerObject;
+
+static PyObject *
+listener_start(ListenerObject *self, PyObject *Py_UNUSED(ignored))
+{
+    Py_CLEAR(self->retry_handle);
+    if (self->closed)
+        Py_RETURN_NONE;
+    if (tl_loop_add_io(self->loop, self->fd, TL_POLL_READ, self->accept_ready) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static int
+listener_out_of_resources(ListenerObject *self)
+{
+    tl_state *st = self->loop->state;
+    PyErr_SetFromErrno(PyExc_OSError);
+    PyObject *exc = fetch_exception();
+    PyObject *tsock = PyObject_CallOneArg(st->TransportSocket, self->sock);
+    int rc = tsock ? tl_loop_report(self->loop,
+                                    "socket.accept() out of system resource",
+                                    exc, "socket", tsock, NULL)
+                   : -1;
+    Py_XDECREF(tsock);
+    Py_XDECREF(exc);
+    if (rc < 0)
+        return -1;
+    /* Linux keeps reporting the fd as ready: stop watching it for a while
+     * (asyncio's ACCEPT_RETRY_DELAY) and keep serving the others. */
+    if (tl_loop_remove_io(self->loop, self->fd, TL_POLL_READ) < 0)
+        return -1;
+    PyObject *start = PyObject_GetAttrString((PyObject *)self, "_start");
+    if (start == NULL)
+        return -1;
+    PyObject *h = tl_loop_call_later(self->loop, 1.0, start);
+    Py_DECREF(start);
+    if (h == NULL)
+        return -1;
+    Py_XSETREF(self->retry_handle, h);
+    return 0;
+}
+
+static int
+listener_new_connection(ListenerObject *self, int cfd, struct sockaddr *addr,
+                        socklen_t alen)
+{
+    LoopObject *loop = self->loop;
+    if (loop->debug) {
+        PyObject *peer = tl_sockaddr_to_py(addr, alen);
+        PyObject *r = peer ? PyObject_CallMethod(loop->state->logger, "debug",
+                                                 "sOOi",
+                                                 "%r got a new connection from %r: fd=%d",
+                                                 self->server, peer, cfd)
+                           : NULL;
+        Py_XDECREF(peer);
+        if (r == NULL) {
+            close(cfd);
+            return -1;
+        }
+        Py_DECREF(r);
+    }
+    PyObject *protocol = PyObject_CallNoArgs(self->protocol_factory);
+    SocketTransportObject *tr = NULL;
+    if (protocol != NULL) {
+        tr = tr_create(loop, cfd, NULL, self->family, self->type, self->proto,
+                       protocol, NULL, NULL, self->server, addr, alen);
+    }
+    if (tr != NULL) {
+        Py_DECREF(protocol);
+        Py_DECREF(tr);
+        return 0;
+    }
+    close(cfd);
+    if (is_fatal_base_exception()) {
+        Py_XDECREF(protocol);
+        return -1;
+    }
+    PyObject *exc = fetch_exception();
+    int rc = 0;
+    if (loop->debug)
+        rc = tl_loop_report(loop, "Error on transport creation for incoming "
+                            "connection", exc, "protocol", protocol, NULL);
+    Py_XDECREF(exc);
+    Py_XDECREF(protocol);
+    return rc;
+}
+
+static PyObject *
+listener_accept_ready(ListenerObject *self, PyObject *Py_UNUSED(ignored))
+{
+    for (int i = 0; i < self->backlog && !self->closed; i++) {
+        struct sockaddr_storage addr;
+        socklen_t alen = sizeof(addr);
+        int cfd = accept4(self->fd, (struct sockaddr *)&addr, &alen,
+                          SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (cfd < 0) {
+            int e = errno;
+            if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR ||
+                e == ECONNABORTED)
+                Py_RETURN_NONE;
+            if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+                if (listener_out_of_resources(self) < 0)
+                    return NULL;
+                Py_RETURN_NONE;
+            }
+            /* The loop reports it ('Exception in callback ...'). */
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        if (listener_new_connection(self, cfd, (struct sockaddr *)&addr, alen) < 0)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+listener_close(ListenerObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->closed)
+        Py_RETURN_NONE;
+    self->closed = 1;
+    if (self->retry_handle != NULL) {
+        PyObject *r = PyObject_CallMethod(self->retry_handle, "cancel", NULL);
+        Py_XDECREF(r);
+        if (r == NULL)
+            return NULL;
+        Py_CLEAR(self->retry_handle);
+    }
+    if (tl_loop_remove_io(self->loop, self->fd, TL_POLL_READ) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Loop._serve(protocol_factory, sock, server, backlog) -> Listener */
+PyObject *
+tl_loop_serve(PyObject *loopobj, PyObject *args)
+{
+    LoopObject *loop = (LoopObject *)loopobj;
+    PyObject *factory, *sock, *server;
+    int backlog;
+    if (!PyArg_ParseTuple(args, "OOOi:_serve", &factory, &sock, &server, &backlog))
+        return NULL;
+    tl_state *st = loop->state;
+    ListenerObject *self = PyObject_GC_New(ListenerObject, st->ListenerType);
+    if (self == NULL)
+        return NULL;
+    memset((char *)self + sizeof(PyObject), 0, sizeof(*self) - sizeof(PyObject));
+    self->loop = (LoopObject *)Py_NewRef(loopobj);
+    self->sock = Py_NewRef(sock);
+    self->protocol_factory = Py_NewRef(factory);
+    self->server = Py_NewRef(server);
+    self->backlog = backlog > 0 ? backlog : 1;
+    self->fd = -1;
+    PyObject_GC_Track(self);
+    PyObject *fdo = PyObject_CallMethod(sock, "fileno", NULL);
+    if (fdo == NULL)
+        goto error;
+    self->fd = (int)PyLong_AsLong(fdo);
+    Py_DECREF(fdo);
+    if (self->fd == -1 && PyErr_Occurred())
+        goto error;
+    if (py_int_attr(sock, "family", &self->family) == NULL ||
+        py_int_attr(sock, "type", &self->type) == NULL ||
+        py_int_attr(sock, "proto", &self->proto) == NULL)
+        goto error;
+    self->accept_ready = PyObject_GetAttrString((PyObject *)self, "_accept_ready");
+    if (self->accept_ready == NULL)
+        goto error;
+    PyObject *r = listener_start(self, NULL);
+    if (r == NULL)
+        goto error;
+    Py_DECREF(r);
+    return (PyObject *)self;
+error:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static int
+listener_traverse(ListenerObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->loop);
+    Py_VISIT(self->sock);
+    Py_VISIT(self->protocol_factory);
+    Py_VISIT(self->server);
+    Py_VISIT(self->accept_ready);
+    Py_VISIT(self->retry_handle);
+    return 0;
+}
+
+static int
+listener_clear(ListenerObject *self)
+{
+    Py_CLEAR(self->loop);
+    Py_CLEAR(self->sock);
+    Py_CLEAR(self->protocol_factory);
+    Py_CLEAR(self->server);
+    Py_CLEAR(self->accept_ready);
+    Py_CLEAR(self->retry_handle);
+    return 0;
+}
+
+static void
+listener_dealloc(ListenerObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    listener_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef listener_methods[] = {
+    {"_accept_ready", (PyCFunction)listener_accept_ready, METH_NOARGS, NULL},
+    {"_start", (PyCFunction)listener_start, METH_NOARGS, NULL},
+    {"close", (PyCFunction)listener_close, METH_NOARGS, NULL},
+    {NULL}
+};
+
+static PyType_Slot listener_slots[] = {
+    {Py_tp_dealloc, listener_dealloc},
+    {Py_tp_traverse, listener_traverse},
+    {Py_tp_clear, listener_clear},
+    {Py_tp_methods, listener_methods},
+    {Py_tp_doc, "Accepts connections on a listening socket for a Server."},
+    {0, NULL}
+};
+
+PyType_Spec tl_listener_spec = {
+    .name = "tideloop.Listener",
+    .basicsize = sizeof(ListenerObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
+             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = listener_slots,
+};
+

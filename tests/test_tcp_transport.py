@@ -1,0 +1,777 @@
+"""Stream transports (TCP and Unix): the Transport API and the order of
+protocol callbacks, on asyncio and tideloop alike.
+
+Every test runs over TCP (127.0.0.1) and over a Unix socket in tmp_path.
+"""
+import asyncio
+import logging
+import socket
+
+import pytest
+
+from net_helpers import (
+    EchoProtocol, Recorder, arun, close_server, collapse, connected_pair,
+    fd_leak_check, open_fds, raw_client, start_server, wait, wait_until,
+)
+
+
+@pytest.fixture(params=["tcp", "unix"])
+def kind(request):
+    return request.param
+
+
+def pair(loop, kind, tmp_path, client=None, server=None, **kw):
+    client = client or (lambda: Recorder(loop))
+    server = server or (lambda: Recorder(loop))
+    return connected_pair(loop, kind, client, server, tmp_path, **kw)
+
+
+async def finish(srv, *transports):
+    for tr in transports:
+        tr.close()
+    await asyncio.sleep(0)
+    await close_server(srv)
+    # let connection_lost callbacks run
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+# ---------------------------------------------------------------- ordering
+
+
+def test_connection_made_before_create_connection_returns(loop, kind, tmp_path):
+    async def main():
+        srv, addr = await start_server(loop, kind, lambda: Recorder(loop), tmp_path)
+        if kind == "tcp":
+            tr, pr = await loop.create_connection(lambda: Recorder(loop), *addr)
+        else:
+            tr, pr = await loop.create_unix_connection(lambda: Recorder(loop), addr)
+        # asyncio: connection_made runs before the waiter is woken
+        assert pr.events == ["made"]
+        assert pr.transport is tr
+        assert tr.get_protocol() is pr
+        assert isinstance(tr, asyncio.Transport)
+        assert not tr.is_closing()
+        assert tr.is_reading()
+        await finish(srv, tr)
+
+    arun(loop, main())
+
+
+def test_callback_order_client_closes(loop, kind, tmp_path):
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
+        ctr.write(b"hello")
+        await spr.wait_bytes(5)
+        spr.transport.write(b"world")
+        await cpr.wait_bytes(5)
+        ctr.close()
+        assert ctr.is_closing()
+        assert cpr.events == ["made", "data"]  # connection_lost is deferred
+        await wait(cpr.lost)
+        await wait(spr.lost)
+        assert cpr.events == ["made", "data", "lost"]
+        assert cpr.exc is None
+        # the server saw EOF; eof_received returned False -> transport closed
+        assert collapse(spr.events) == ["made", "data", "eof", "lost"]
+        assert spr.exc is None
+        assert bytes(spr.data) == b"hello" and bytes(cpr.data) == b"world"
+        assert cpr.data_types == {bytes} and spr.data_types == {bytes}
+        assert spr.transport.is_closing()
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+def test_peer_close_gives_eof_then_lost(loop, kind, tmp_path):
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
+        spr.transport.write(b"bye")
+        spr.transport.close()
+        await wait(cpr.lost)
+        assert cpr.events == ["made", "data", "eof", "lost"]
+        assert cpr.exc is None and bytes(cpr.data) == b"bye"
+        await wait(spr.lost)
+        assert spr.events == ["made", "lost"]
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+def test_half_close_eof_received_keep_open(loop, kind, tmp_path):
+    """write_eof() on one side; the peer's eof_received returns True and it
+    keeps writing; only then it closes."""
+
+    def on_eof(p):
+        p.transport.write(b"reply-after-eof:" + bytes(p.data))
+
+    async def main():
+        srv, ctr, cpr, spr = await pair(
+            loop, kind, tmp_path,
+            server=lambda: Recorder(loop, keep_open=True, on_eof=on_eof))
+        assert ctr.can_write_eof() is True
+        assert spr.transport.can_write_eof() is True
+        ctr.write(b"abc")
+        ctr.write_eof()
+        ctr.write_eof()  # idempotent
+        await wait(spr.eof)
+        assert not spr.transport.is_closing()  # kept open
+        await cpr.wait_bytes(len(b"reply-after-eof:abc"))
+        assert bytes(cpr.data) == b"reply-after-eof:abc"
+        assert "lost" not in spr.events
+        spr.transport.close()
+        await wait(cpr.lost)
+        await wait(spr.lost)
+        assert collapse(spr.events) == ["made", "data", "eof", "lost"]
+        assert cpr.events == ["made", "data", "eof", "lost"]
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+def test_write_after_write_eof_raises(loop, kind, tmp_path):
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
+        ctr.write_eof()
+        with pytest.raises(RuntimeError, match=r"^Cannot call write\(\) after write_eof\(\)$"):
+            ctr.write(b"x")
+        await finish(srv, ctr)
+
+    arun(loop, main())
+
+
+# ---------------------------------------------------------------- write()
+
+
+def test_write_accepts_bytes_like_and_writelines(loop, kind, tmp_path):
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
+        ctr.write(b"a")
+        ctr.write(bytearray(b"bc"))
+        ctr.write(memoryview(b"xdefx")[1:4])
+        ctr.write(b"")
+        ctr.writelines([b"g", bytearray(b"h"), memoryview(b"i")])
+        ctr.writelines(x for x in (b"j", b"kl"))
+        ctr.writelines([])
+        await spr.wait_bytes(12)
+        await asyncio.sleep(0.02)
+        assert bytes(spr.data) == b"abcdefghijkl"
+        assert ctr.get_write_buffer_size() == 0
+        await finish(srv, ctr)
+
+    arun(loop, main())
+
+
+@pytest.mark.parametrize("bad, name", [("text", "str"), (42, "int"), (None, "NoneType"),
+                                        ([b"x"], "list")])
+def test_write_non_bytes_type_error(loop, kind, tmp_path, bad, name):
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
+        with pytest.raises(TypeError) as ei:
+            ctr.write(bad)
+        assert str(ei.value) == (
+            f"data argument must be a bytes-like object, not {name!r}")
+        with pytest.raises(TypeError):
+            ctr.writelines(["text"])
+        # the transport is unharmed
+        assert not ctr.is_closing()
+        ctr.write(b"ok")
+        await spr.wait_bytes(2)
+        assert bytes(spr.data) == b"ok"
+        await finish(srv, ctr)
+
+    arun(loop, main())
+
+
+def test_write_copies_mutable_buffers(loop, kind, tmp_path):
+    """Data that cannot be sent at once is copied: mutating the caller's
+    bytearray after write() must not change what the peer receives."""
+    size = 8 << 20
+
+    async def main():
+        srv, ctr, cpr, spr = await pair(
+            loop, kind, tmp_path,
+            server=lambda: Recorder(loop, on_made=lambda p: p.transport.pause_reading()))
+        buf = bytearray(b"A" * size)
+        ctr.write(buf)
+        assert ctr.get_write_buffer_size() > 0  # the peer is not reading
+        buf[:] = b"B" * size
+        mv_src = bytearray(b"C" * 1000)
+        ctr.write(memoryview(mv_src))
+        mv_src[:] = b"D" * 1000
+        spr.transport.resume_reading()
+        await spr.wait_bytes(size + 1000)
+        assert bytes(spr.data) == b"A" * size + b"C" * 1000
+        await finish(srv, ctr)
+
+    arun(loop, main())
+
+
+def test_write_after_close_is_silent_then_logs(loop, kind, tmp_path, caplog):
+    """asyncio counts writes after close: from the 5th one on it logs
+    'socket.send() raised exception.' (a WARNING on the 'asyncio' logger)."""
+
+    def warnings_count():
+        return sum(1 for r in caplog.records
+                   if r.name == "asyncio" and r.levelno == logging.WARNING
+                   and r.getMessage() == "socket.send() raised exception.")
+
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
+        ctr.close()
+        ctr.write(b"")  # empty writes are not counted
+        for _ in range(4):
+            ctr.write(b"x")
+        assert warnings_count() == 0
+        ctr.write(b"x")
+        assert warnings_count() == 1
+        ctr.write(b"x")
+        assert warnings_count() == 2
+        await wait(cpr.lost)
+        ctr.write(b"y")  # after connection_lost too: no exception
+        assert warnings_count() == 3
+        assert cpr.events == ["made", "lost"]
+        await wait(spr.lost)
+        assert bytes(spr.data) == b""  # nothing written after close() went out
+        await close_server(srv)
+
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        arun(loop, main())
+
+
+# ---------------------------------------------------------------- close/abort
+
+
+def test_close_abort_idempotent_lost_once(loop, kind, tmp_path):
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
+        ctr.close()
+        ctr.close()
+        ctr.abort()
+        assert ctr.is_closing()
+        assert not ctr.is_reading()
+        await wait(cpr.lost)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        ctr.close()
+        ctr.abort()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert cpr.events == ["made", "lost"]
+        assert cpr.exc is None
+        # the peer: abort twice, close after abort
+        spr.transport.abort()
+        spr.transport.abort()
+        spr.transport.close()
+        await wait(spr.lost)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert spr.events.count("lost") == 1
+        assert spr.exc is None
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+def test_close_flushes_write_buffer_before_lost(loop, kind, tmp_path):
+    size = 8 << 20
+
+    async def main():
+        srv, ctr, cpr, spr = await pair(
+            loop, kind, tmp_path,
+            server=lambda: Recorder(loop, on_made=lambda p: p.transport.pause_reading()))
+        ctr.write(b"z" * size)
+        assert ctr.get_write_buffer_size() > 0
+        ctr.close()
+        assert ctr.is_closing()
+        await asyncio.sleep(0.1)
+        assert "lost" not in cpr.events  # still flushing: the peer is not reading
+        spr.transport.resume_reading()
+        await wait(cpr.lost)
+        assert cpr.exc is None
+        # the write buffer went over the high-water mark and drained
+        assert cpr.events == ["made", "pause", "resume", "lost"]
+        await wait(spr.lost)
+        assert len(spr.data) == size and bytes(spr.data) == b"z" * size
+        assert collapse(spr.events) == ["made", "data", "eof", "lost"]
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+def test_abort_discards_write_buffer(loop, kind, tmp_path):
+    size = 8 << 20
+
+    async def main():
+        srv, ctr, cpr, spr = await pair(
+            loop, kind, tmp_path,
+            server=lambda: Recorder(loop, on_made=lambda p: p.transport.pause_reading()))
+        ctr.write(b"z" * size)
+        assert ctr.get_write_buffer_size() > 0
+        ctr.abort()
+        assert ctr.is_closing()
+        assert ctr.get_write_buffer_size() == 0
+        await wait(cpr.lost)
+        assert cpr.exc is None
+        # abort drops the buffer without resume_writing()
+        assert cpr.events == ["made", "pause", "lost"]
+        spr.transport.resume_reading()
+        await wait(spr.lost)
+        assert len(spr.data) < size
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+def test_write_eof_flushes_buffer_first(loop, kind, tmp_path):
+    size = 4 << 20
+
+    async def main():
+        srv, ctr, cpr, spr = await pair(
+            loop, kind, tmp_path,
+            server=lambda: Recorder(loop, keep_open=True,
+                                    on_made=lambda p: p.transport.pause_reading(),
+                                    on_eof=lambda p: p.transport.write(b"ack")))
+        ctr.write(b"q" * size)
+        assert ctr.get_write_buffer_size() > 0
+        ctr.write_eof()
+        assert not ctr.is_closing()
+        spr.transport.resume_reading()
+        await wait(spr.eof)
+        assert bytes(spr.data) == b"q" * size
+        await cpr.wait_bytes(3)
+        assert bytes(cpr.data) == b"ack"  # half-closed: we can still read
+        await finish(srv, ctr, spr.transport)
+
+    arun(loop, main())
+
+
+# ---------------------------------------------------------------- closing from callbacks
+
+
+def test_close_from_connection_made(loop, kind, tmp_path):
+    def on_made(p):
+        p.transport.write(b"bye")
+        p.transport.close()
+
+    async def main():
+        srv, addr = await start_server(loop, kind, lambda: Recorder(loop), tmp_path)
+        # client side closes inside its own connection_made
+        if kind == "tcp":
+            tr, pr = await loop.create_connection(lambda: Recorder(loop, on_made=on_made), *addr)
+        else:
+            tr, pr = await loop.create_unix_connection(
+                lambda: Recorder(loop, on_made=on_made), addr)
+        assert tr.is_closing()
+        await wait(pr.lost)
+        assert pr.events == ["made", "lost"]
+        assert pr.exc is None
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+def test_server_closes_in_connection_made_peer_gets_data_then_eof(loop, kind, tmp_path):
+    def on_made(p):
+        p.transport.write(b"bye")
+        p.transport.close()
+
+    async def main():
+        srv, ctr, cpr, spr = await pair(
+            loop, kind, tmp_path, server=lambda: Recorder(loop, on_made=on_made))
+        await wait(cpr.lost)
+        assert cpr.events == ["made", "data", "eof", "lost"]
+        assert bytes(cpr.data) == b"bye"
+        await wait(spr.lost)
+        assert spr.events == ["made", "lost"]
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+def test_close_from_data_received(loop, kind, tmp_path):
+    async def main():
+        srv, ctr, cpr, spr = await pair(
+            loop, kind, tmp_path,
+            server=lambda: Recorder(loop, on_data=lambda p, d: p.transport.close()))
+        ctr.write(b"a")
+        await wait(spr.lost)
+        ctr.write(b"b")  # arrives after close: must never be delivered
+        await wait(cpr.lost)
+        await asyncio.sleep(0.02)
+        assert spr.events == ["made", "data", "lost"]
+        assert bytes(spr.data) == b"a"
+        assert spr.exc is None
+        assert cpr.events == ["made", "eof", "lost"]
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+def test_abort_from_data_received(loop, kind, tmp_path):
+    async def main():
+        srv, ctr, cpr, spr = await pair(
+            loop, kind, tmp_path,
+            server=lambda: Recorder(loop, on_data=lambda p, d: p.transport.abort()))
+        ctr.write(b"a")
+        await wait(spr.lost)
+        await asyncio.sleep(0.02)
+        assert spr.events == ["made", "data", "lost"]
+        assert spr.exc is None
+        await wait(cpr.lost)
+        ctr.close()
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+def test_close_from_eof_received(loop, kind, tmp_path):
+    async def main():
+        srv, ctr, cpr, spr = await pair(
+            loop, kind, tmp_path,
+            server=lambda: Recorder(loop, keep_open=True,
+                                    on_eof=lambda p: p.transport.close()))
+        ctr.write(b"a")
+        ctr.write_eof()
+        await wait(spr.lost)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert collapse(spr.events) == ["made", "data", "eof", "lost"]
+        assert spr.events.count("lost") == 1
+        assert spr.exc is None
+        await wait(cpr.lost)
+        assert cpr.events == ["made", "eof", "lost"]
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+# ---------------------------------------------------------------- protocol errors
+
+
+def _record_handler(loop):
+    calls = []
+    loop.set_exception_handler(lambda lp, ctx: calls.append(ctx))
+    return calls
+
+
+def test_data_received_exception(loop, kind, tmp_path):
+    boom = ZeroDivisionError("boom")
+
+    def on_data(p, d):
+        raise boom
+
+    async def main():
+        calls = _record_handler(loop)
+        srv, ctr, cpr, spr = await pair(
+            loop, kind, tmp_path, server=lambda: Recorder(loop, on_data=on_data))
+        ctr.write(b"x")
+        await wait(spr.lost)
+        assert spr.events == ["made", "data", "lost"]
+        assert spr.exc is boom
+        assert len(calls) == 1
+        ctx = calls[0]
+        assert ctx["message"] == "Fatal error: protocol.data_received() call failed."
+        assert ctx["exception"] is boom
+        assert ctx["transport"] is spr.transport
+        assert ctx["protocol"] is spr
+        await wait(cpr.lost)
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+def test_eof_received_exception(loop, kind, tmp_path):
+    boom = ValueError("eof boom")
+
+    def on_eof(p):
+        raise boom
+
+    async def main():
+        calls = _record_handler(loop)
+        srv, ctr, cpr, spr = await pair(
+            loop, kind, tmp_path, server=lambda: Recorder(loop, on_eof=on_eof))
+        ctr.write_eof()
+        await wait(spr.lost)
+        assert spr.events == ["made", "eof", "lost"]
+        assert spr.exc is boom
+        assert [c["message"] for c in calls] == [
+            "Fatal error: protocol.eof_received() call failed."]
+        assert calls[0]["exception"] is boom
+        ctr.close()
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+def test_connection_lost_exception_goes_to_handler(loop, kind, tmp_path):
+    """An exception from connection_lost (run as a loop callback) reaches the
+    exception handler; the loop keeps running."""
+    boom = KeyError("lost boom")
+
+    def on_lost(p, exc):
+        raise boom
+
+    async def main():
+        calls = _record_handler(loop)
+        srv, addr = await start_server(loop, kind, lambda: Recorder(loop), tmp_path)
+        if kind == "tcp":
+            tr, pr = await loop.create_connection(
+                lambda: Recorder(loop, on_lost=on_lost), *addr)
+        else:
+            tr, pr = await loop.create_unix_connection(
+                lambda: Recorder(loop, on_lost=on_lost), addr)
+        tr.close()
+        await wait_until(lambda: calls)
+        assert pr.events == ["made", "lost"]
+        assert calls[0]["exception"] is boom
+        assert calls[0]["message"].startswith("Exception in callback")
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+# ---------------------------------------------------------------- extra info
+
+
+def test_get_extra_info(loop, kind, tmp_path):
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
+        for tr in (ctr, spr.transport):
+            sock = tr.get_extra_info("socket")
+            assert sock is not None
+            assert isinstance(sock.fileno(), int) and sock.fileno() >= 0
+            assert sock.family == (socket.AF_INET if kind == "tcp" else socket.AF_UNIX)
+            assert sock.type == socket.SOCK_STREAM
+            assert tr.get_extra_info("sockname") == sock.getsockname()
+            assert tr.get_extra_info("peername") == sock.getpeername()
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) == socket.SOCK_STREAM
+            assert tr.get_extra_info("no-such-key") is None
+            assert tr.get_extra_info("no-such-key", 42) == 42
+            assert tr.get_extra_info("peercert") is None
+            assert tr.get_extra_info("sslcontext") is None
+        c_sock = ctr.get_extra_info("socket")
+        s_sock = spr.transport.get_extra_info("socket")
+        assert c_sock.fileno() != s_sock.fileno()
+        assert ctr.get_extra_info("sockname") == spr.transport.get_extra_info("peername")
+        assert ctr.get_extra_info("peername") == spr.transport.get_extra_info("sockname")
+        if kind == "tcp":
+            assert ctr.get_extra_info("peername") == srv.sockets[0].getsockname()
+            assert ctr.get_extra_info("sockname")[0] == "127.0.0.1"
+        else:
+            assert ctr.get_extra_info("peername") == str(tmp_path / "s.sock")
+            assert ctr.get_extra_info("sockname") == ""
+        # the fd is the transport's: add_reader on it is refused
+        with pytest.raises(RuntimeError, match="is used by transport"):
+            loop.add_reader(c_sock.fileno(), lambda: None)
+        with pytest.raises(RuntimeError, match="is used by transport"):
+            loop.add_writer(c_sock.fileno(), lambda: None)
+        with pytest.raises(RuntimeError, match="is used by transport"):
+            loop.remove_reader(c_sock.fileno())
+        await finish(srv, ctr)
+
+    arun(loop, main())
+
+
+def test_tcp_nodelay_is_set(loop):
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, "tcp", None)
+        for tr in (ctr, spr.transport):
+            sock = tr.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        await finish(srv, ctr)
+
+    arun(loop, main())
+
+
+# ---------------------------------------------------------------- reading flow
+
+
+def test_pause_resume_reading_idempotent(loop, kind, tmp_path):
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
+        assert ctr.is_reading() is True
+        ctr.pause_reading()
+        ctr.pause_reading()
+        assert ctr.is_reading() is False
+        spr.transport.write(b"while-paused")
+        await asyncio.sleep(0.1)
+        assert cpr.events == ["made"]
+        ctr.resume_reading()
+        ctr.resume_reading()
+        assert ctr.is_reading() is True
+        await cpr.wait_bytes(12)
+        assert bytes(cpr.data) == b"while-paused"
+        ctr.close()
+        assert ctr.is_reading() is False
+        ctr.pause_reading()
+        ctr.resume_reading()  # no effect once closing
+        assert ctr.is_reading() is False
+        await wait(cpr.lost)
+        assert cpr.events == ["made", "data", "lost"]
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+def test_pause_reading_from_connection_made(loop, kind, tmp_path):
+    async def main():
+        srv, addr = await start_server(
+            loop, kind, lambda: EchoProtocol(), tmp_path)
+
+        def on_made(p):
+            p.transport.pause_reading()
+            assert not p.transport.is_reading()
+
+        if kind == "tcp":
+            tr, pr = await loop.create_connection(
+                lambda: Recorder(loop, on_made=on_made), *addr)
+        else:
+            tr, pr = await loop.create_unix_connection(
+                lambda: Recorder(loop, on_made=on_made), addr)
+        assert not tr.is_reading()
+        tr.write(b"echo me")
+        await asyncio.sleep(0.1)
+        assert pr.events == ["made"]  # echoed data waits in the kernel
+        tr.resume_reading()
+        await pr.wait_bytes(7)
+        assert bytes(pr.data) == b"echo me"
+        await finish(srv, tr)
+
+    arun(loop, main())
+
+
+def test_server_side_pause_reading_in_connection_made(loop, kind, tmp_path):
+    async def main():
+        srv, ctr, cpr, spr = await pair(
+            loop, kind, tmp_path,
+            server=lambda: Recorder(loop, on_made=lambda p: p.transport.pause_reading()))
+        ctr.write(b"123")
+        ctr.write_eof()
+        await asyncio.sleep(0.1)
+        assert spr.events == ["made"]
+        spr.transport.resume_reading()
+        await wait(spr.lost)
+        assert collapse(spr.events) == ["made", "data", "eof", "lost"]
+        assert bytes(spr.data) == b"123"
+        await finish(srv, ctr)
+
+    arun(loop, main())
+
+
+# ---------------------------------------------------------------- buffer limits
+
+
+def test_write_buffer_limits(loop, kind, tmp_path):
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
+        assert ctr.get_write_buffer_limits() == (16384, 65536)
+        assert ctr.get_write_buffer_size() == 0
+        ctr.set_write_buffer_limits(high=100)
+        assert ctr.get_write_buffer_limits() == (25, 100)
+        ctr.set_write_buffer_limits(low=10)
+        assert ctr.get_write_buffer_limits() == (10, 40)
+        ctr.set_write_buffer_limits(high=7, low=7)
+        assert ctr.get_write_buffer_limits() == (7, 7)
+        ctr.set_write_buffer_limits(0, 0)
+        assert ctr.get_write_buffer_limits() == (0, 0)
+        ctr.set_write_buffer_limits()
+        assert ctr.get_write_buffer_limits() == (16384, 65536)
+        with pytest.raises(ValueError, match=r"^high \(10\) must be >= low \(20\) must be >= 0$"):
+            ctr.set_write_buffer_limits(high=10, low=20)
+        with pytest.raises(ValueError, match=r"^high \(-4\) must be >= low \(-1\) must be >= 0$"):
+            ctr.set_write_buffer_limits(high=-4)
+        assert ctr.get_write_buffer_limits() == (16384, 65536)  # unchanged
+        assert cpr.events == ["made"]  # nothing buffered -> no pause
+        await finish(srv, ctr)
+
+    arun(loop, main())
+
+
+# ---------------------------------------------------------------- set_protocol
+
+
+def test_set_protocol_switches_mid_stream(loop, kind, tmp_path):
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
+        spr.transport.write(b"one")
+        await cpr.wait_bytes(3)
+        second = Recorder(loop)
+        ctr.set_protocol(second)
+        assert ctr.get_protocol() is second
+        spr.transport.write(b"two")
+        await second.wait_bytes(3)
+        spr.transport.close()
+        await wait(second.lost)
+        assert cpr.events == ["made", "data"]
+        assert bytes(cpr.data) == b"one"
+        # set_protocol does not call connection_made on the new protocol
+        assert second.events == ["data", "eof", "lost"]
+        assert bytes(second.data) == b"two"
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+def test_set_protocol_to_buffered_mid_stream(loop, kind, tmp_path):
+    class Buf(asyncio.BufferedProtocol):
+        def __init__(self):
+            self.events = []
+            self.buf = bytearray(4)
+            self.data = bytearray()
+            self.lost = loop.create_future()
+
+        def get_buffer(self, sizehint):
+            self.events.append("get_buffer")
+            return self.buf
+
+        def buffer_updated(self, n):
+            self.events.append("updated")
+            self.data += self.buf[:n]
+
+        def eof_received(self):
+            self.events.append("eof")
+
+        def connection_lost(self, exc):
+            self.events.append("lost")
+            self.lost.set_result(exc)
+
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
+        spr.transport.write(b"one")
+        await cpr.wait_bytes(3)
+        b = Buf()
+        ctr.set_protocol(b)
+        spr.transport.write(b"0123456789")
+        spr.transport.close()
+        assert await wait(b.lost) is None
+        assert bytes(b.data) == b"0123456789"
+        assert b.events[-2:] == ["eof", "lost"]
+        assert b.events.count("updated") >= 3  # 4-byte buffer
+        assert bytes(cpr.data) == b"one"
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+# ---------------------------------------------------------------- fds
+
+
+def test_no_fd_leak_full_cycle(loop, kind, tmp_path):
+    async def cycle():
+        srv, ctr, cpr, spr = await pair(
+            loop, kind, tmp_path, server=lambda: EchoProtocol())
+        for i in range(5):
+            ctr.write(b"ping%d" % i)
+        await cpr.wait_bytes(25)
+        ctr.close()
+        await wait(cpr.lost)
+        await close_server(srv)
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    arun(loop, cycle())  # warm up lazily created fds (executor, self-pipe...)
+    before = open_fds()
+    for _ in range(3):
+        arun(loop, cycle())
+    fd_leak_check(before)
