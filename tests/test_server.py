@@ -239,14 +239,12 @@ def test_close_keeps_existing_connections(loop):
         addr = srv.sockets[0].getsockname()
         tr, pr = await loop.create_connection(lambda: Recorder(loop), *addr)
         await wait_until(lambda: protos)
-        listen_fd = srv.sockets[0].fileno()
         srv.close()
         assert srv.is_serving() is False
         assert srv.sockets == ()
         srv.close()  # idempotent
         await asyncio.sleep(0)
         assert refused(addr)
-        assert str(listen_fd) not in open_fds() or True  # the number may be reused
         # the accepted connection still works (3.11: close() leaves clients alone)
         tr.write(b"still here")
         await pr.wait_bytes(10)

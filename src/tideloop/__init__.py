@@ -279,26 +279,20 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
     _sock_add_cancellation_callback = _borrow("_sock_add_cancellation_callback",
                                               _UnixLoop)
 
-    # The sock_* coroutines: try the syscall, wait only if it would block.
-    sock_recv = _borrow("sock_recv", _SelectorLoop)
-    _sock_recv = _borrow("_sock_recv", _SelectorLoop)
+    # sock_recv, sock_recv_into, sock_sendall and sock_accept are C
+    # awaitables (try the syscall first, wait only if it would block); the
+    # address-taking ones below are asyncio's coroutines.
     _sock_read_done = _borrow("_sock_read_done", _SelectorLoop)
-    sock_recv_into = _borrow("sock_recv_into", _SelectorLoop)
-    _sock_recv_into = _borrow("_sock_recv_into", _SelectorLoop)
     sock_recvfrom = _borrow("sock_recvfrom", _SelectorLoop)
     _sock_recvfrom = _borrow("_sock_recvfrom", _SelectorLoop)
     sock_recvfrom_into = _borrow("sock_recvfrom_into", _SelectorLoop)
     _sock_recvfrom_into = _borrow("_sock_recvfrom_into", _SelectorLoop)
-    sock_sendall = _borrow("sock_sendall", _SelectorLoop)
-    _sock_sendall = _borrow("_sock_sendall", _SelectorLoop)
     sock_sendto = _borrow("sock_sendto", _SelectorLoop)
     _sock_sendto = _borrow("_sock_sendto", _SelectorLoop)
     sock_connect = _borrow("sock_connect", _SelectorLoop)
     _sock_connect = _borrow("_sock_connect", _SelectorLoop)
     _sock_write_done = _borrow("_sock_write_done", _SelectorLoop)
     _sock_connect_cb = _borrow("_sock_connect_cb", _SelectorLoop)
-    sock_accept = _borrow("sock_accept", _SelectorLoop)
-    _sock_accept = _borrow("_sock_accept", _SelectorLoop)
 
     def _ensure_fd_no_transport(self, fd):
         # The C reader/writer methods refuse fds of live transports; this

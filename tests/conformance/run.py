@@ -58,6 +58,9 @@ MODULES = [
     "test_tasks", "test_futures", "test_futures2", "test_locks", "test_queues",
     "test_timeouts", "test_taskgroups", "test_runners", "test_context",
     "test_pep492", "test_waitfor", "test_events",
+    # issue #3: TCP/Unix networking
+    "test_sock_lowlevel", "test_streams", "test_server", "test_sendfile",
+    "test_buffered_proto",
 ]
 
 SIDES = {"asyncio": ["stock"], "tideloop": ["tideloop"], "both": ["stock", "tideloop"]}

@@ -45,6 +45,7 @@ typedef struct {
     PyObject *TransportSocket;        /* asyncio.trsock.TransportSocket */
     PyObject *socket_socket;          /* socket.socket */
     PyObject *set_result_unless_cancelled;  /* asyncio.futures */
+    PyObject *sendfile_try_native;    /* constants._SendfileMode.TRY_NATIVE */
     PyObject *set_asyncgen_hooks;     /* sys.set_asyncgen_hooks */
 
     PyObject *kw_loop;                /* ("loop",) */
@@ -100,12 +101,15 @@ struct HandleObject {
 
 /* Every transport type starts with this, so the loop can tell whether an fd
  * belongs to a live transport (add_reader refuses those, as asyncio does).
- * The transport types derive from asyncio.Transport, whose only instance
- * field is the '_extra' slot right after the object header: it is `extra`
- * here (checked at import, see module.c). */
+ * The stream transports derive from asyncio.transports._FlowControlMixin
+ * (isinstance checks in asyncio and in libraries), whose instance fields are
+ * five slots after the object header: '_extra', then '_loop',
+ * '_protocol_paused', '_high_water', '_low_water'.  The layout is checked at
+ * import (module.c).  Our getters shadow the last four; they stay NULL. */
 typedef struct {
     PyObject_HEAD
     PyObject *extra;             /* asyncio's BaseTransport._extra */
+    PyObject *flow_slots[4];     /* _FlowControlMixin's slots, unused */
     int closing;
 } tl_transport_head;
 
@@ -192,6 +196,16 @@ extern PyType_Spec tl_listener_spec;
 PyObject *tl_loop_make_socket_transport(PyObject *loop, PyObject *args,
                                         PyObject *kwds);
 PyObject *tl_loop_serve(PyObject *loop, PyObject *args);
+
+/* sockops.c */
+extern PyType_Spec tl_sockop_spec;
+PyObject *tl_loop_sock_recv(PyObject *loop, PyObject *const *args, Py_ssize_t n);
+PyObject *tl_loop_sock_recv_into(PyObject *loop, PyObject *const *args,
+                                 Py_ssize_t n);
+PyObject *tl_loop_sock_sendall(PyObject *loop, PyObject *const *args,
+                               Py_ssize_t n);
+PyObject *tl_loop_sock_accept(PyObject *loop, PyObject *const *args,
+                              Py_ssize_t n);
 
 /* sockaddr.c */
 struct sockaddr;

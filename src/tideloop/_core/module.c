@@ -41,14 +41,13 @@ sighandler_noop(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-/* asyncio.Transport, when its layout is the one tl_transport_head mirrors
- * (an object header and the '_extra' slot); else None, and the transports
- * stand alone. */
+/* asyncio's _FlowControlMixin (a Transport), when its layout is the one
+ * tl_transport_head mirrors; else None, and the transports stand alone. */
 static PyObject *
 transport_base_class(void)
 {
     PyObject *base = NULL, *bt = NULL, *descr = NULL;
-    if (import_attr(&base, "asyncio", "Transport") < 0 ||
+    if (import_attr(&base, "asyncio.transports", "_FlowControlMixin") < 0 ||
         import_attr(&bt, "asyncio", "BaseTransport") < 0)
         goto fail;
     descr = PyObject_GetAttrString(bt, "__dict__");
@@ -105,6 +104,10 @@ core_exec(PyObject *m)
         m, &tl_listener_spec, NULL);
     if (st->ListenerType == NULL)
         return -1;
+    st->SockOpType = (PyTypeObject *)PyType_FromModuleAndSpec(
+        m, &tl_sockop_spec, NULL);
+    if (st->SockOpType == NULL)
+        return -1;
     if (PyModule_AddType(m, st->HandleType) < 0 ||
         PyModule_AddType(m, st->TimerHandleType) < 0 ||
         PyModule_AddType(m, st->LoopType) < 0 ||
@@ -133,6 +136,13 @@ core_exec(PyObject *m)
         import_attr(&st->socket_socket, "socket", "socket") < 0 ||
         import_attr(&st->set_result_unless_cancelled, "asyncio.futures",
                     "_set_result_unless_cancelled") < 0)
+        return -1;
+    PyObject *mode = NULL;
+    if (import_attr(&mode, "asyncio.constants", "_SendfileMode") < 0)
+        return -1;
+    st->sendfile_try_native = PyObject_GetAttrString(mode, "TRY_NATIVE");
+    Py_DECREF(mode);
+    if (st->sendfile_try_native == NULL)
         return -1;
 
     if (intern(&st->str_context, "context") < 0 ||
@@ -185,6 +195,7 @@ core_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->TransportSocket);
     Py_VISIT(st->socket_socket);
     Py_VISIT(st->set_result_unless_cancelled);
+    Py_VISIT(st->sendfile_try_native);
     Py_VISIT(st->Future);
     Py_VISIT(st->Task);
     Py_VISIT(st->events_module);
@@ -217,6 +228,7 @@ core_clear(PyObject *m)
     Py_CLEAR(st->TransportSocket);
     Py_CLEAR(st->socket_socket);
     Py_CLEAR(st->set_result_unless_cancelled);
+    Py_CLEAR(st->sendfile_try_native);
     Py_CLEAR(st->Future);
     Py_CLEAR(st->Task);
     Py_CLEAR(st->events_module);

@@ -85,8 +85,9 @@ tr_get_sock(SocketTransportObject *self)
         Py_RETURN_NONE;
     tl_state *st = self->loop->state;
     PyObject *s = PyObject_CallFunction(st->socket_socket, "iiii",
-                                        self->family, self->type, self->proto,
-                                        self->fd);
+                                        self->family,
+                                        self->type | SOCK_NONBLOCK,
+                                        self->proto, self->fd);
     if (s == NULL)
         return NULL;
     self->sock = Py_NewRef(s);
@@ -1217,6 +1218,19 @@ tr_get_eof_attr(SocketTransportObject *self, void *Py_UNUSED(c))
 }
 
 static PyObject *
+tr_get_sendfile_compatible(SocketTransportObject *self, void *Py_UNUSED(c))
+{
+    return Py_NewRef(self->loop->state->sendfile_try_native);
+}
+
+static PyObject *
+tr_get_start_tls_compatible(SocketTransportObject *Py_UNUSED(self),
+                            void *Py_UNUSED(c))
+{
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
 tr_get_protocol_paused(SocketTransportObject *self, void *Py_UNUSED(c))
 {
     return PyBool_FromLong(self->protocol_paused);
@@ -1503,6 +1517,9 @@ static PyGetSetDef tr_getset[] = {
     {"_eof", (getter)tr_get_eof_attr, NULL, NULL, NULL},
     {"_protocol_paused", (getter)tr_get_protocol_paused, NULL, NULL, NULL},
     {"_protocol", (getter)tr_get_protocol, NULL, NULL, NULL},
+    {"_sendfile_compatible", (getter)tr_get_sendfile_compatible, NULL, NULL, NULL},
+    {"_start_tls_compatible", (getter)tr_get_start_tls_compatible, NULL, NULL,
+     NULL},
     {NULL}
 };
 

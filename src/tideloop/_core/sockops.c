@@ -1,0 +1,581 @@
+/* loop.sock_recv / sock_recv_into / sock_sendall / sock_accept.
+ *
+ * Each call returns a small awaitable (a coroutine as far as asyncio can
+ * tell: it has __await__, send, throw and close) that tries the syscall when
+ * first run and only when it would block creates a future, watches the fd
+ * and yields the future to the task.  The fd callback retries the syscall
+ * and resolves the future; a cancelled wait leaves no reader or writer. */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <errno.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+enum { OP_RECV, OP_RECV_INTO, OP_SENDALL, OP_ACCEPT };
+enum { ST_NEW, ST_WAITING, ST_DONE };
+
+static const char *const op_names[] = {"sock_recv", "sock_recv_into",
+                                       "sock_sendall", "sock_accept"};
+
+typedef struct {
+    PyObject_HEAD
+    LoopObject *loop;
+    PyObject *sock;
+    PyObject *data;             /* recv_into buffer / sendall data */
+    PyObject *fut;
+    PyObject *ready_cb;         /* bound self._ready, the fd callback */
+    Py_buffer view;
+    Py_ssize_t nbytes;          /* recv size */
+    Py_ssize_t pos;             /* sendall progress */
+    int fd;
+    int kind;
+    int state;
+    int have_view;
+    int registered;             /* TL_POLL_READ / TL_POLL_WRITE or 0 */
+} SockOpObject;
+
+/* Outcome of one attempt: a result, "would block", or an error set. */
+#define ATTEMPT_BLOCKED ((PyObject *)1)
+
+static PyObject *
+accept_result(SockOpObject *self, int cfd, struct sockaddr *addr, socklen_t alen)
+{
+    tl_state *st = self->loop->state;
+    PyObject *family = PyObject_GetAttrString(self->sock, "family");
+    PyObject *type = family ? PyObject_GetAttrString(self->sock, "type") : NULL;
+    PyObject *proto = type ? PyObject_GetAttrString(self->sock, "proto") : NULL;
+    PyObject *conn = NULL;
+    long t = type ? PyLong_AsLong(type) : -1;
+    /* SOCK_NONBLOCK in the type tells socket.socket() the fd is already
+     * non-blocking (timeout 0.0, as asyncio's conn.setblocking(False)). */
+    if (proto != NULL && !(t == -1 && PyErr_Occurred()))
+        conn = PyObject_CallFunction(st->socket_socket, "OlOi", family,
+                                     t | SOCK_NONBLOCK, proto, cfd);
+    Py_XDECREF(family);
+    Py_XDECREF(type);
+    Py_XDECREF(proto);
+    if (conn == NULL) {
+        close(cfd);
+        return NULL;
+    }
+    PyObject *peer = tl_sockaddr_to_py(addr, alen);
+    if (peer == NULL) {
+        Py_DECREF(conn);
+        return NULL;
+    }
+    PyObject *r = PyTuple_Pack(2, conn, peer);
+    Py_DECREF(conn);
+    Py_DECREF(peer);
+    return r;
+}
+
+static PyObject *
+op_attempt(SockOpObject *self)
+{
+    ssize_t n;
+    switch (self->kind) {
+    case OP_RECV: {
+        if (self->nbytes <= TL_READBUF_SIZE) {
+            char *buf = tl_loop_readbuf(self->loop);
+            if (buf == NULL)
+                return NULL;
+            do {
+                n = recv(self->fd, buf, (size_t)self->nbytes, 0);
+            } while (n < 0 && errno == EINTR);
+            if (n >= 0)
+                return PyBytes_FromStringAndSize(buf, n);
+            break;
+        }
+        PyObject *b = PyBytes_FromStringAndSize(NULL, self->nbytes);
+        if (b == NULL)
+            return NULL;
+        do {
+            n = recv(self->fd, PyBytes_AS_STRING(b), (size_t)self->nbytes, 0);
+        } while (n < 0 && errno == EINTR);
+        if (n < 0) {
+            Py_DECREF(b);
+            break;
+        }
+        if (n != self->nbytes && _PyBytes_Resize(&b, n) < 0)
+            return NULL;
+        return b;
+    }
+    case OP_RECV_INTO:
+        do {
+            n = recv(self->fd, self->view.buf, (size_t)self->view.len, 0);
+        } while (n < 0 && errno == EINTR);
+        if (n >= 0)
+            return PyLong_FromSsize_t(n);
+        break;
+    case OP_SENDALL:
+        while (self->pos < self->view.len) {
+            do {
+                n = send(self->fd, (char *)self->view.buf + self->pos,
+                         (size_t)(self->view.len - self->pos), MSG_NOSIGNAL);
+            } while (n < 0 && errno == EINTR);
+            if (n < 0)
+                goto error;
+            self->pos += n;
+        }
+        Py_RETURN_NONE;
+    case OP_ACCEPT: {
+        struct sockaddr_storage addr;
+        socklen_t alen = sizeof(addr);
+        int cfd = accept4(self->fd, (struct sockaddr *)&addr, &alen,
+                          SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (cfd >= 0)
+            return accept_result(self, cfd, (struct sockaddr *)&addr, alen);
+        break;
+    }
+    }
+error:
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return ATTEMPT_BLOCKED;
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
+static void
+op_release(SockOpObject *self)
+{
+    if (self->have_view) {
+        PyBuffer_Release(&self->view);
+        self->have_view = 0;
+    }
+}
+
+static int
+op_unregister(SockOpObject *self)
+{
+    if (!self->registered)
+        return 0;
+    int which = self->registered;
+    self->registered = 0;
+    return tl_loop_remove_io(self->loop, self->fd, which) < 0 ? -1 : 0;
+}
+
+/* The fd is ready: retry, and resolve the future when done. */
+static PyObject *
+op_ready(SockOpObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->fut == NULL || self->state != ST_WAITING)
+        Py_RETURN_NONE;
+    PyObject *done = PyObject_CallMethod(self->fut, "done", NULL);
+    if (done == NULL)
+        return NULL;
+    int isdone = PyObject_IsTrue(done);
+    Py_DECREF(done);
+    if (isdone) {
+        /* Cancelled while waiting: stop watching the fd. */
+        if (op_unregister(self) < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *res = op_attempt(self);
+    if (res == ATTEMPT_BLOCKED)
+        Py_RETURN_NONE;
+    if (op_unregister(self) < 0) {
+        Py_XDECREF(res);
+        return NULL;
+    }
+    PyObject *r;
+    if (res != NULL) {
+        PyObject *name = PyUnicode_FromString("set_result");
+        r = name ? PyObject_CallMethodOneArg(self->fut, name, res) : NULL;
+        Py_XDECREF(name);
+        Py_DECREF(res);
+    }
+    else {
+        if (PyErr_ExceptionMatches(PyExc_SystemExit) ||
+            PyErr_ExceptionMatches(PyExc_KeyboardInterrupt))
+            return NULL;
+        PyObject *t, *v, *tb;
+        PyErr_Fetch(&t, &v, &tb);
+        PyErr_NormalizeException(&t, &v, &tb);
+        if (tb != NULL)
+            PyException_SetTraceback(v, tb);
+        r = PyObject_CallMethod(self->fut, "set_exception", "O", v);
+        Py_XDECREF(t);
+        Py_XDECREF(v);
+        Py_XDECREF(tb);
+    }
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_NONE;
+}
+
+static int
+check_socket(SockOpObject *self)
+{
+    tl_state *st = self->loop->state;
+    if (Py_TYPE(self->sock) != (PyTypeObject *)st->socket_socket) {
+        PyObject *ssl = PyImport_ImportModule("ssl");
+        if (ssl == NULL) {
+            PyErr_Clear();
+        }
+        else {
+            PyObject *cls = PyObject_GetAttrString(ssl, "SSLSocket");
+            Py_DECREF(ssl);
+            if (cls == NULL)
+                return -1;
+            int is_ssl = PyObject_IsInstance(self->sock, cls);
+            Py_DECREF(cls);
+            if (is_ssl < 0)
+                return -1;
+            if (is_ssl) {
+                PyErr_SetString(PyExc_TypeError,
+                                "Socket cannot be of type SSLSocket");
+                return -1;
+            }
+        }
+    }
+    if (self->loop->debug) {
+        PyObject *t = PyObject_CallMethod(self->sock, "gettimeout", NULL);
+        if (t == NULL)
+            return -1;
+        int nonblocking = PyFloat_Check(t) && PyFloat_AS_DOUBLE(t) == 0.0;
+        Py_DECREF(t);
+        if (!nonblocking) {
+            PyErr_SetString(PyExc_ValueError, "the socket must be non-blocking");
+            return -1;
+        }
+    }
+    PyObject *fdo = PyObject_CallMethod(self->sock, "fileno", NULL);
+    if (fdo == NULL)
+        return -1;
+    long fd = PyLong_AsLong(fdo);
+    Py_DECREF(fdo);
+    if (fd == -1 && PyErr_Occurred())
+        return -1;
+    self->fd = (int)fd;
+    return 0;
+}
+
+/* Argument checks happen when the operation first runs, as in asyncio's
+ * coroutines: a bad argument raises at the await, not at the call. */
+static int
+op_prepare(SockOpObject *self)
+{
+    switch (self->kind) {
+    case OP_RECV: {
+        Py_ssize_t n = PyNumber_AsSsize_t(self->data, PyExc_OverflowError);
+        if (n == -1 && PyErr_Occurred())
+            return -1;
+        if (n < 0) {
+            PyErr_SetString(PyExc_ValueError, "negative buffersize in recv");
+            return -1;
+        }
+        self->nbytes = n;
+        return 0;
+    }
+    case OP_RECV_INTO:
+        if (PyObject_GetBuffer(self->data, &self->view, PyBUF_WRITABLE) < 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError,
+                         "recv_into() argument 'buffer' must be read-write "
+                         "bytes-like object, not %.50s",
+                         Py_TYPE(self->data)->tp_name);
+            return -1;
+        }
+        self->have_view = 1;
+        return 0;
+    case OP_SENDALL:
+        if (PyObject_GetBuffer(self->data, &self->view, PyBUF_SIMPLE) < 0)
+            return -1;
+        self->have_view = 1;
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+typedef enum { STEP_RETURN, STEP_YIELD, STEP_ERROR } step_result;
+
+/* Advance the operation; *out gets the value or the future to yield. */
+static step_result
+op_step(SockOpObject *self, PyObject **out)
+{
+    if (self->state == ST_DONE) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited coroutine");
+        return STEP_ERROR;
+    }
+    if (self->state == ST_WAITING) {
+        self->state = ST_DONE;
+        PyObject *fut = self->fut;
+        self->fut = NULL;
+        op_unregister(self);
+        op_release(self);
+        PyObject *r = PyObject_CallMethod(fut, "result", NULL);
+        Py_DECREF(fut);
+        if (r == NULL)
+            return STEP_ERROR;
+        *out = r;
+        return STEP_RETURN;
+    }
+    self->state = ST_DONE;
+    if (check_socket(self) < 0 || op_prepare(self) < 0) {
+        op_release(self);
+        return STEP_ERROR;
+    }
+    PyObject *res = op_attempt(self);
+    if (res != ATTEMPT_BLOCKED) {
+        op_release(self);
+        if (res == NULL)
+            return STEP_ERROR;
+        *out = res;
+        return STEP_RETURN;
+    }
+    /* Would block: wait for the fd. */
+    PyObject *chk = PyObject_CallMethod((PyObject *)self->loop,
+                                        "_check_fd_transport", "i", self->fd);
+    if (chk == NULL) {
+        op_release(self);
+        return STEP_ERROR;
+    }
+    Py_DECREF(chk);
+    PyObject *fut = PyObject_CallMethod((PyObject *)self->loop, "create_future",
+                                        NULL);
+    if (fut == NULL) {
+        op_release(self);
+        return STEP_ERROR;
+    }
+    int which = (self->kind == OP_SENDALL) ? TL_POLL_WRITE : TL_POLL_READ;
+    if (self->ready_cb == NULL)
+        self->ready_cb = PyObject_GetAttrString((PyObject *)self, "_ready");
+    if (self->ready_cb == NULL ||
+        tl_loop_add_io(self->loop, self->fd, which, self->ready_cb) < 0 ||
+        PyObject_SetAttrString(fut, "_asyncio_future_blocking", Py_True) < 0) {
+        Py_DECREF(fut);
+        op_release(self);
+        return STEP_ERROR;
+    }
+    self->registered = which;
+    self->fut = fut;
+    self->state = ST_WAITING;
+    *out = Py_NewRef(fut);
+    return STEP_YIELD;
+}
+
+static PySendResult
+op_am_send(SockOpObject *self, PyObject *arg, PyObject **result)
+{
+    (void)arg;
+    PyObject *out = NULL;
+    switch (op_step(self, &out)) {
+    case STEP_RETURN:
+        *result = out;
+        return PYGEN_RETURN;
+    case STEP_YIELD:
+        *result = out;
+        return PYGEN_NEXT;
+    default:
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+}
+
+static PyObject *
+op_send(SockOpObject *self, PyObject *arg)
+{
+    PyObject *out = NULL;
+    switch (op_step(self, &out)) {
+    case STEP_RETURN:
+        _PyGen_SetStopIterationValue(out);
+        Py_DECREF(out);
+        return NULL;
+    case STEP_YIELD:
+        return out;
+    default:
+        (void)arg;
+        return NULL;
+    }
+}
+
+static PyObject *
+op_iternext(SockOpObject *self)
+{
+    return op_send(self, Py_None);
+}
+
+static PyObject *
+op_throw(SockOpObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "throw expected 1 to 3 arguments");
+        return NULL;
+    }
+    op_unregister(self);
+    op_release(self);
+    Py_CLEAR(self->fut);
+    self->state = ST_DONE;
+    PyObject *typ = args[0];
+    PyObject *val = nargs > 1 ? args[1] : NULL;
+    PyObject *tb = nargs > 2 ? args[2] : NULL;
+    if (PyExceptionInstance_Check(typ)) {
+        PyErr_SetObject((PyObject *)Py_TYPE(typ), typ);
+        if (tb != NULL && tb != Py_None)
+            PyException_SetTraceback(typ, tb);
+        return NULL;
+    }
+    if (PyExceptionClass_Check(typ)) {
+        PyErr_SetObject(typ, val);
+        return NULL;
+    }
+    PyErr_SetString(PyExc_TypeError,
+                    "exceptions must be classes or instances deriving from "
+                    "BaseException");
+    return NULL;
+}
+
+static PyObject *
+op_close(SockOpObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (op_unregister(self) < 0)
+        return NULL;
+    op_release(self);
+    Py_CLEAR(self->fut);
+    self->state = ST_DONE;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+op_await(SockOpObject *self)
+{
+    return Py_NewRef(self);
+}
+
+static PyObject *
+op_repr(SockOpObject *self)
+{
+    return PyUnicode_FromFormat("<%s awaitable %s>", op_names[self->kind],
+                                self->state == ST_NEW ? "not started"
+                                : self->state == ST_WAITING ? "waiting"
+                                                            : "done");
+}
+
+static int
+op_traverse(SockOpObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->loop);
+    Py_VISIT(self->sock);
+    Py_VISIT(self->data);
+    Py_VISIT(self->fut);
+    Py_VISIT(self->ready_cb);
+    return 0;
+}
+
+static int
+op_clear(SockOpObject *self)
+{
+    op_release(self);
+    Py_CLEAR(self->sock);
+    Py_CLEAR(self->data);
+    Py_CLEAR(self->fut);
+    Py_CLEAR(self->ready_cb);
+    Py_CLEAR(self->loop);
+    return 0;
+}
+
+static void
+op_dealloc(SockOpObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    op_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef op_methods[] = {
+    {"send", (PyCFunction)op_send, METH_O, NULL},
+    {"throw", (PyCFunction)(void (*)(void))op_throw, METH_FASTCALL, NULL},
+    {"close", (PyCFunction)op_close, METH_NOARGS, NULL},
+    {"_ready", (PyCFunction)op_ready, METH_NOARGS, NULL},
+    {NULL}
+};
+
+static PyType_Slot op_slots[] = {
+    {Py_tp_dealloc, op_dealloc},
+    {Py_tp_traverse, op_traverse},
+    {Py_tp_clear, op_clear},
+    {Py_tp_repr, op_repr},
+    {Py_tp_iter, op_await},
+    {Py_tp_iternext, op_iternext},
+    {Py_am_await, op_await},
+    {Py_am_send, op_am_send},
+    {Py_tp_methods, op_methods},
+    {Py_tp_doc, "An awaitable socket operation of the tideloop loop."},
+    {0, NULL}
+};
+
+PyType_Spec tl_sockop_spec = {
+    .name = "tideloop.SockOp",
+    .basicsize = sizeof(SockOpObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
+             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = op_slots,
+};
+
+static SockOpObject *
+op_new(LoopObject *loop, int kind, PyObject *sock)
+{
+    SockOpObject *self = PyObject_GC_New(SockOpObject, loop->state->SockOpType);
+    if (self == NULL)
+        return NULL;
+    memset((char *)self + sizeof(PyObject), 0, sizeof(*self) - sizeof(PyObject));
+    self->loop = (LoopObject *)Py_NewRef((PyObject *)loop);
+    self->sock = Py_NewRef(sock);
+    self->kind = kind;
+    self->fd = -1;
+    PyObject_GC_Track(self);
+    return self;
+}
+
+static PyObject *
+make_op(PyObject *loop, int kind, PyObject *const *args, Py_ssize_t nargs,
+        const char *argname)
+{
+    const char *name = op_names[kind];
+    Py_ssize_t want = argname ? 2 : 1;
+    if (nargs != want) {
+        if (nargs < want)
+            PyErr_Format(PyExc_TypeError,
+                         "%s() missing %zd required positional argument%s",
+                         name, want - nargs, want - nargs > 1 ? "s" : "");
+        else
+            PyErr_Format(PyExc_TypeError,
+                         "%s() takes %zd positional arguments but %zd were given",
+                         name, want + 1, nargs + 1);
+        return NULL;
+    }
+    SockOpObject *op = op_new((LoopObject *)loop, kind, args[0]);
+    if (op != NULL && argname != NULL)
+        op->data = Py_NewRef(args[1]);
+    return (PyObject *)op;
+}
+
+PyObject *
+tl_loop_sock_recv(PyObject *loop, PyObject *const *args, Py_ssize_t nargs)
+{
+    return make_op(loop, OP_RECV, args, nargs, "n");
+}
+
+PyObject *
+tl_loop_sock_recv_into(PyObject *loop, PyObject *const *args, Py_ssize_t nargs)
+{
+    return make_op(loop, OP_RECV_INTO, args, nargs, "buf");
+}
+
+PyObject *
+tl_loop_sock_sendall(PyObject *loop, PyObject *const *args, Py_ssize_t nargs)
+{
+    return make_op(loop, OP_SENDALL, args, nargs, "data");
+}
+
+PyObject *
+tl_loop_sock_accept(PyObject *loop, PyObject *const *args, Py_ssize_t nargs)
+{
+    return make_op(loop, OP_ACCEPT, args, nargs, NULL);
+}
