@@ -271,7 +271,11 @@ def raw_client(kind, addr, blocking=True):
     else:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(STEP_TIMEOUT)
-        s.connect(addr)
+        try:
+            s.connect(addr)
+        except BaseException:
+            s.close()
+            raise
     if not blocking:
         s.setblocking(False)
     return s

@@ -360,6 +360,47 @@ def test_many_clients_concurrently(loop):
     arun(loop, main())
 
 
+@pytest.mark.parametrize("debug", [False, True])
+def test_protocol_factory_error_keeps_serving(loop, debug):
+    """A protocol factory that raises loses that one connection; the server
+    keeps accepting.  asyncio reports it to the exception handler only in
+    debug mode."""
+    loop.set_debug(debug)
+
+    async def main():
+        calls = []
+        loop.set_exception_handler(lambda lp, ctx: calls.append(ctx))
+        n = [0]
+        boom = ZeroDivisionError("factory")
+
+        def factory():
+            n[0] += 1
+            if n[0] == 1:
+                raise boom
+            return EchoProtocol()
+
+        srv = await loop.create_server(factory, "127.0.0.1", 0)
+        addr = srv.sockets[0].getsockname()
+        first = raw_client("tcp", addr)
+        await wait_until(lambda: n[0] == 1)
+        await asyncio.sleep(0.05)
+        await echo_check(loop, addr)
+        assert n[0] == 2
+        if debug:
+            assert [c["message"] for c in calls] == [
+                "Error on transport creation for incoming connection"]
+            assert calls[0]["exception"] is boom
+        else:
+            assert calls == []
+        first.close()
+        await close_server(srv)
+
+    try:
+        arun(loop, main())
+    finally:
+        loop.set_debug(False)
+
+
 def test_accepts_pending_connections_in_batches(loop):
     """Connections queued in the kernel while the loop was busy are all taken
     within a few loop iterations, not one per iteration."""

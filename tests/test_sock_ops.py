@@ -461,6 +461,21 @@ def test_debug_mode_requires_non_blocking(loop, listener, udp_pair):
         loop.set_debug(False)
 
 
+def test_bad_buffers(loop, pair):
+    a, b = pair
+
+    async def main():
+        a.send(b"data")
+        with pytest.raises(TypeError):
+            await loop.sock_recv_into(b, b"read-only")
+        with pytest.raises(TypeError):
+            await loop.sock_sendall(a, "text")
+        assert await loop.sock_sendall(a, b"") is None
+        assert await loop.sock_recv(b, 100) == b"data"  # nothing was consumed
+
+    arun(loop, main())
+
+
 def test_fd_used_by_transport(loop):
     async def main():
         srv, addr = await start_server(loop, "tcp", lambda: Recorder(loop))

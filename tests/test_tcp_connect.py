@@ -348,6 +348,41 @@ def test_cancel_during_resolution_leaks_nothing(loop, echo_server):
     arun(loop, main())
 
 
+def test_cancel_during_connect_leaks_nothing(loop):
+    """Cancelled while the TCP handshake is pending (the listener's accept
+    queue is full): the half-made socket is closed, no writer is left."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(0)
+    fillers = []
+    for _ in range(3):
+        f = socket.socket()
+        f.setblocking(False)
+        try:
+            f.connect(lsock.getsockname())
+        except BlockingIOError:
+            pass
+        fillers.append(f)
+
+    async def main():
+        before = open_fds()
+        task = loop.create_task(loop.create_connection(Recorder, *lsock.getsockname()))
+        await asyncio.sleep(0.1)
+        assert not task.done(), "connect completed; the test needs it pending"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0)
+        fd_leak_check(before)
+
+    try:
+        arun(loop, main())
+    finally:
+        for f in fillers:
+            f.close()
+        lsock.close()
+
+
 # ---------------------------------------------------------------- accepted sockets
 
 

@@ -3,6 +3,7 @@ protocol callbacks, on asyncio and tideloop alike.
 
 Every test runs over TCP (127.0.0.1) and over a Unix socket in tmp_path.
 """
+import array
 import asyncio
 import logging
 import socket
@@ -163,7 +164,10 @@ def test_write_accepts_bytes_like_and_writelines(loop, kind, tmp_path):
 
 
 @pytest.mark.parametrize("bad, name", [("text", "str"), (42, "int"), (None, "NoneType"),
-                                        ([b"x"], "list")])
+                                        ([b"x"], "list"),
+                                        # supports the buffer protocol, but asyncio
+                                        # only takes bytes, bytearray, memoryview
+                                        (array.array("B", b"xy"), "array")])
 def test_write_non_bytes_type_error(loop, kind, tmp_path, bad, name):
     async def main():
         srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
@@ -529,6 +533,86 @@ def test_connection_lost_exception_goes_to_handler(loop, kind, tmp_path):
         await close_server(srv)
 
     arun(loop, main())
+
+
+def test_connection_made_exception_goes_to_handler(loop, kind, tmp_path):
+    """connection_made runs as a plain loop callback: its exception is
+    reported, create_connection still returns, the transport keeps working."""
+    boom = ValueError("made boom")
+
+    def on_made(p):
+        raise boom
+
+    async def main():
+        calls = _record_handler(loop)
+        srv, addr = await start_server(loop, kind, EchoProtocol, tmp_path)
+        if kind == "tcp":
+            tr, pr = await loop.create_connection(lambda: Recorder(loop, on_made=on_made), *addr)
+        else:
+            tr, pr = await loop.create_unix_connection(
+                lambda: Recorder(loop, on_made=on_made), addr)
+        assert pr.events == ["made"]
+        assert len(calls) == 1 and calls[0]["exception"] is boom
+        assert calls[0]["message"].startswith("Exception in callback")
+        assert not tr.is_closing()
+        tr.write(b"still works")
+        await pr.wait_bytes(11)
+        assert bytes(pr.data) == b"still works"
+        tr.close()
+        await wait(pr.lost)
+        assert pr.exc is None
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+@pytest.mark.parametrize("where, exc_type", [("data", SystemExit), ("eof", KeyboardInterrupt),
+                                             ("lost", SystemExit)])
+def test_base_exceptions_propagate_out_of_the_loop(loop, kind, tmp_path, where, exc_type):
+    """SystemExit / KeyboardInterrupt from a protocol callback are not
+    swallowed by the transport: they stop run_until_complete."""
+    box = {}
+
+    def on_data(p, d):
+        if where == "data":
+            raise exc_type("from data_received")
+
+    def on_eof(p):
+        if where == "eof":
+            raise exc_type("from eof_received")
+
+    def on_lost(p, exc):
+        if where == "lost":
+            raise exc_type("from connection_lost")
+
+    async def setup():
+        srv, ctr, cpr, spr = await pair(
+            loop, kind, tmp_path,
+            server=lambda: Recorder(loop, on_data=on_data, on_eof=on_eof, on_lost=on_lost))
+        box.update(srv=srv, ctr=ctr, cpr=cpr, spr=spr)
+
+    arun(loop, setup())
+    ctr, spr = box["ctr"], box["spr"]
+    calls = _record_handler(loop)
+
+    async def trigger():
+        ctr.write(b"x")
+        ctr.write_eof()
+        await asyncio.sleep(1)
+
+    with pytest.raises(exc_type, match="from "):
+        loop.run_until_complete(trigger())
+    assert calls == []
+    # clean up: the loop is still usable
+    ctr.close()
+    spr.transport.close()
+
+    async def cleanup():
+        await asyncio.sleep(0.05)
+        await close_server(box["srv"])
+
+    loop.run_until_complete(cleanup())
+    assert spr.events.count("lost") == 1
 
 
 # ---------------------------------------------------------------- extra info

@@ -24,6 +24,7 @@ from asyncio import base_events as _base_events
 from asyncio import constants as _constants
 from asyncio import coroutines as _coroutines
 from asyncio import selector_events as _selector_events
+from asyncio import sslproto as _sslproto
 from asyncio import unix_events as _unix_events
 from asyncio.log import logger as _logger
 
@@ -299,13 +300,37 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         # asks them without changing anything.
         self._check_fd_transport(fd)
 
+    # TLS: asyncio's SSLProtocol (a BufferedProtocol) over a C transport.
+    _accept_connection = _borrow("_accept_connection", _SelectorLoop)
+    _accept_connection2 = _borrow("_accept_connection2", _SelectorLoop)
+    start_tls = _borrow("start_tls")
+
+    def _make_ssl_transport(
+            self, rawsock, protocol, sslcontext, waiter=None,
+            *, server_side=False, server_hostname=None,
+            extra=None, server=None,
+            ssl_handshake_timeout=_constants.SSL_HANDSHAKE_TIMEOUT,
+            ssl_shutdown_timeout=_constants.SSL_SHUTDOWN_TIMEOUT):
+        ssl_protocol = _sslproto.SSLProtocol(
+            self, protocol, sslcontext, waiter, server_side, server_hostname,
+            ssl_handshake_timeout=ssl_handshake_timeout,
+            ssl_shutdown_timeout=ssl_shutdown_timeout)
+        self._make_socket_transport(rawsock, ssl_protocol, extra=extra,
+                                    server=server)
+        return ssl_protocol._app_transport
+
     def _start_serving(self, protocol_factory, sock, sslcontext=None,
                        server=None, backlog=100,
                        ssl_handshake_timeout=_constants.SSL_HANDSHAKE_TIMEOUT,
                        ssl_shutdown_timeout=_constants.SSL_SHUTDOWN_TIMEOUT):
         if sslcontext:
-            raise NotImplementedError(
-                "tideloop: TLS servers are not implemented yet")
+            # TLS servers accept through asyncio's path (the handshake
+            # dominates their cost); plain ones through the C listener.
+            self._add_reader(sock.fileno(), self._accept_connection,
+                             protocol_factory, sock, sslcontext, server,
+                             backlog, ssl_handshake_timeout,
+                             ssl_shutdown_timeout)
+            return
         listeners = self.__dict__.setdefault("_listeners", {})
         old = listeners.pop(sock.fileno(), None)
         if old is not None:
@@ -317,11 +342,9 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         listener = self.__dict__.get("_listeners", {}).pop(sock.fileno(), None)
         if listener is not None:
             listener.close()
+        else:
+            self._remove_reader(sock.fileno())
         sock.close()
-
-    def _make_ssl_transport(self, rawsock, protocol, sslcontext, waiter=None,
-                            *args, **kwargs):
-        raise NotImplementedError("tideloop: TLS is not implemented yet")
 
     async def _sendfile_native(self, transp, file, offset, count):
         transp._release_fd()
@@ -350,13 +373,12 @@ def _not_implemented(name):
     async def method(self, *args, **kwargs):
         raise NotImplementedError(
             f"tideloop: loop.{name}() is not implemented yet "
-            f"(datagrams, pipes, subprocesses and TLS arrive in a later "
-            f"release)")
+            f"(datagrams, pipes and subprocesses arrive in a later release)")
     method.__name__ = method.__qualname__ = name
     return method
 
 
-for _name in ("start_tls", "create_datagram_endpoint",
+for _name in ("create_datagram_endpoint",
               "connect_read_pipe", "connect_write_pipe", "subprocess_shell",
               "subprocess_exec"):
     setattr(Loop, _name, _not_implemented(_name))

@@ -60,7 +60,7 @@ MODULES = [
     "test_pep492", "test_waitfor", "test_events",
     # issue #3: TCP/Unix networking
     "test_sock_lowlevel", "test_streams", "test_server", "test_sendfile",
-    "test_buffered_proto",
+    "test_buffered_proto", "test_ssl", "test_sslproto",
 ]
 
 SIDES = {"asyncio": ["stock"], "tideloop": ["tideloop"], "both": ["stock", "tideloop"]}
