@@ -136,6 +136,30 @@ def proc_cpu(pid):
     return ticks / CLK_TCK, sched_s
 
 
+def machine_cpu():
+    """(busy, steal) seconds of the whole machine from /proc/stat: busy is
+    user+nice+system+irq+softirq over all CPUs, steal the hypervisor's."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    fields += [0] * (8 - len(fields))
+    user, nice, system, idle, iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq) / CLK_TCK, steal / CLK_TCK
+
+
+def wait_quiet(max_wait, threshold=0.15, probe=0.5):
+    """Wait up to max_wait seconds until the machine is idle (less than
+    ``threshold`` of a CPU busy over a ``probe``-second sample).  Returns the
+    seconds waited."""
+    t_start = time.monotonic()
+    while True:
+        b0, _ = machine_cpu()
+        time.sleep(probe)
+        b1, _ = machine_cpu()
+        waited = time.monotonic() - t_start
+        if (b1 - b0) / probe < threshold or waited >= max_wait:
+            return waited
+
+
 class RunError(Exception):
     """One run failed; ``startup`` tells a server that never became ready."""
 
@@ -235,9 +259,11 @@ def run_once(server, size, conns, cfg, paths, workdir):
                 break
             if line == "START":
                 cpu0, sched0 = proc_cpu(proc.pid)
+                busy0, steal0 = machine_cpu()
                 t0 = time.monotonic()
             elif line.startswith("{"):
                 cpu1, sched1 = proc_cpu(proc.pid)
+                busy1, steal1 = machine_cpu()
                 t1 = time.monotonic()
                 result = json.loads(line)
                 break
@@ -275,6 +301,12 @@ def run_once(server, size, conns, cfg, paths, workdir):
             "latency_us": result["latency_us"],
             "client_cpu_s": result["client_cpu_s"],
         }
+        if t1 > t0:
+            # CPU the rest of the machine used during the window, in CPUs
+            # (1.0 = one CPU busy all the time): what disturbed this sample.
+            other = (busy1 - busy0) - cpu - result["client_cpu_s"]
+            sample["other_cpu"] = round(max(0.0, other) / (t1 - t0), 3)
+            sample["steal_cpu"] = round((steal1 - steal0) / (t1 - t0), 3)
         if sched0 is not None and sched1 is not None:
             sample["server_sched_cpu_s"] = round(sched1 - sched0, 6)
             sample["sched_us_per_req"] = (sched1 - sched0) / result["requests"] * 1e6
@@ -327,6 +359,8 @@ def run_matrix(cfg, paths, log):
                             continue
                         if name in errors:
                             continue
+                        if cfg.quiet_wait:
+                            wait_quiet(cfg.quiet_wait)
                         try:
                             samples[name].append(run_once(p, size, conns, cfg, paths, workdir))
                         except RunError as exc:
@@ -514,6 +548,8 @@ def reproduce_command(args, cfg):
         parts += ["--conns", args.conns]
     if cfg.unix:
         parts.append("--unix")
+    if cfg.quiet_wait:
+        parts += ["--quiet-wait", f"{cfg.quiet_wait:g}"]
     if not cfg.floor:
         parts.append("--no-floor")
     return " ".join(parts)
@@ -613,6 +649,10 @@ def build_parser():
     p.add_argument("--quick", action="store_true",
                    help="CI smoke: 1 s runs and only the (1 KiB, 10 conns) and "
                         "(100 KiB, 100 conns) cells, unless --sizes/--conns are given")
+    p.add_argument("--quiet-wait", type=float, default=0.0, metavar="S",
+                   help="before each run, wait up to S seconds for the machine to be "
+                        "idle (other processes below 15 %% of a CPU); for shared "
+                        "machines (default: 0, do not wait)")
     p.add_argument("--unix", action="store_true",
                    help="run everything over a Unix socket instead of TCP loopback")
     p.add_argument("--no-floor", dest="floor", action="store_false",
@@ -675,6 +715,7 @@ def main(argv=None):
     else:
         cfg.cells = [(s, c) for s in (sizes or SIZES) for c in (conns or CONNS)]
     cfg.unix = args.unix
+    cfg.quiet_wait = max(0.0, args.quiet_wait)
     cfg.floor = args.floor
     cfg.python = sys.executable or "python3"
     cfg.env = server_env()
@@ -725,7 +766,8 @@ def main(argv=None):
                       f"{name:<9} rps " + " ".join(_fmt_rps(x["rps"]) for x in xs)
                       + "  us/req " + " ".join(_fmt_us(x["cpu_us_per_req"]) for x in xs)
                       + "  server CPU " + " ".join(f"{x['server_cpu_util']:.0%}"
-                                                   for x in xs if x.get("server_cpu_util") is not None))
+                                                   for x in xs if x.get("server_cpu_util") is not None)
+                      + "  other " + " ".join(f"{x.get('other_cpu', 0):.0%}" for x in xs))
     print(f"rps = requests/s seen by loadgen; us/req = server CPU (utime+stime of the "
           f"server process, /proc/<pid>/stat) per request; median of {cfg.repeat} "
           f"interleaved runs; C = bench/echo_server.c, measured in the "
@@ -733,6 +775,18 @@ def main(argv=None):
     print(f"server and loadgen share {cpus} CPU(s), nothing pinned; "
           f"{'Unix socket' if cfg.unix else 'TCP loopback'}, one request outstanding "
           f"per connection, echoed bytes verified.")
+    others = sorted(x.get("other_cpu", 0.0) for r in rows for xs in r["samples"].values()
+                    for x in xs)
+    others += sorted(x.get("other_cpu", 0.0) for f in floor.values() for x in f["samples"])
+    others.sort()
+    steals = sorted(x.get("steal_cpu", 0.0) for r in rows for xs in r["samples"].values()
+                    for x in xs)
+    if others:
+        busy_runs = sum(1 for x in others if x > 0.10)
+        print(f"other load during the measured windows: median {statistics.median(others):.0%} "
+              f"of a CPU, max {others[-1]:.0%}; {busy_runs} of {len(others)} runs above 10 %"
+              + (f"; hypervisor steal median {statistics.median(steals):.0%}" if steals else "")
+              + (" -- figures are disturbed, rerun on a quiet machine" if busy_runs > len(others) // 5 else ""))
     if core_changed:
         print(f"warning: tideloop's core changed during the run "
               f"({core_before and core_before['sha256']} -> {core_after and core_after['sha256']}): "
@@ -749,6 +803,7 @@ def main(argv=None):
             "elapsed_s": round(elapsed, 3),
             "repeat": cfg.repeat, "duration_s": cfg.duration, "warmup_s": cfg.warmup,
             "quick": args.quick, "transport": "unix" if cfg.unix else "tcp",
+            "quiet_wait_s": cfg.quiet_wait,
             "targets": {k: {("c_server" if r == FLOOR else r): v for r, v in t.items()}
                         for k, t in TARGETS.items()},
             "environment": {

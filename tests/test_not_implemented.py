@@ -2,11 +2,10 @@
 method (synchronously, or when the returned coroutine is awaited).
 Delete an entry here when its method is implemented.
 
-TCP/Unix stream networking (issue #3) is implemented: its behaviour is tested
-on both loops in test_tcp_*.py, test_unix_*.py, test_server.py,
-test_sock_ops.py, test_sendfile.py and test_streams.py.  What remains is
-UDP, pipes, subprocesses and TLS (start_tls, and ssl= on create_connection /
-create_server)."""
+TCP/Unix stream networking (issue #3) and TLS are implemented: their
+behaviour is tested on both loops in test_tcp_*.py, test_unix_*.py,
+test_server.py, test_sock_ops.py, test_sendfile.py and test_streams.py.
+What remains is UDP, pipes and subprocesses."""
 import asyncio
 import inspect
 import os
@@ -47,7 +46,6 @@ def _calls(a, b, tmpfile):
         "connect_write_pipe": (pf, tmpfile),
         "subprocess_exec": (asyncio.SubprocessProtocol, "true"),
         "subprocess_shell": (asyncio.SubprocessProtocol, "true"),
-        "start_tls": (None, None, None),
     }
 
 
@@ -67,32 +65,3 @@ def test_tideloop_not_implemented(tl_loop, socks, name):
                 tl_loop.run_until_complete(res)
         # the loop is still fine afterwards
         assert tl_loop.run_until_complete(asyncio.sleep(0, result=1)) == 1
-
-
-@pytest.fixture
-def listener():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(4)
-    yield s
-    s.close()
-
-
-def test_tideloop_create_connection_ssl_not_implemented(tl_loop, listener):
-    import ssl
-
-    ctx = ssl.create_default_context()
-    with pytest.raises(NotImplementedError, match=r"(?i)ssl|tls|create_connection"):
-        tl_loop.run_until_complete(
-            tl_loop.create_connection(Proto, *listener.getsockname(), ssl=ctx))
-    assert tl_loop.run_until_complete(asyncio.sleep(0, result=1)) == 1
-
-
-def test_tideloop_create_server_ssl_not_implemented(tl_loop):
-    import ssl
-
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    with pytest.raises(NotImplementedError, match=r"(?i)ssl|tls|create_server"):
-        tl_loop.run_until_complete(
-            tl_loop.create_server(Proto, "127.0.0.1", 0, ssl=ctx))
-    assert tl_loop.run_until_complete(asyncio.sleep(0, result=1)) == 1

@@ -209,6 +209,10 @@ def test_connect_and_accept(loop, listener):
             assert await loop.sock_connect(c, listener.getsockname()) is None
             conn, addr = await wait(acc)
             try:
+                assert type(conn) is socket.socket
+                assert (conn.family, conn.type, conn.proto) == (
+                    listener.family, listener.type, listener.proto)
+                assert conn.get_inheritable() is False  # accept4(SOCK_CLOEXEC)
                 assert addr == c.getsockname()
                 assert conn.getpeername() == c.getsockname()
                 assert conn.gettimeout() == 0  # non-blocking
@@ -459,6 +463,25 @@ def test_debug_mode_requires_non_blocking(loop, listener, udp_pair):
         blocking.close()
         ublocking.close()
         loop.set_debug(False)
+
+
+def test_keyword_arguments(loop, pair, listener):
+    """The parameter names of asyncio's signatures work as keywords."""
+    a, b = pair
+
+    async def main():
+        assert await loop.sock_sendall(sock=a, data=b"kw") is None
+        assert await loop.sock_recv(sock=b, n=1) == b"k"
+        buf = bytearray(4)
+        assert await loop.sock_recv_into(sock=b, buf=buf) == 1
+        c = socket.create_connection(listener.getsockname())
+        try:
+            conn, _ = await loop.sock_accept(sock=listener)
+            conn.close()
+        finally:
+            c.close()
+
+    arun(loop, main())
 
 
 def test_bad_buffers(loop, pair):

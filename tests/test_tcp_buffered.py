@@ -299,3 +299,45 @@ def test_buffered_protocol_errors(loop, kind, tmp_path, case):
         await close_server(srv)
 
     arun(loop, main())
+
+
+def test_buffered_methods_looked_up_at_call_time(loop, kind, tmp_path):
+    """Like data_received, get_buffer/buffer_updated are looked up on the
+    protocol at each call: instance attributes assigned later are used."""
+    async def main():
+        protos = []
+
+        class Switching(Buf):
+            def connection_made(self, tr):
+                super().connection_made(tr)
+                self.big = bytearray(64)
+                self.get_buffer = self.get_big
+                self.buffer_updated = self.big_updated
+
+            def get_big(self, sizehint):
+                self.events.append("get_big")
+                return self.big
+
+            def big_updated(self, nbytes):
+                self.events.append("big_updated")
+                self.data += self.big[:nbytes]
+
+        def factory():
+            p = Switching(loop)
+            protos.append(p)
+            return p
+
+        srv, addr = await start_server(loop, kind, factory, tmp_path)
+        ctr, cpr = await connect(loop, kind,
+                                 lambda: Recorder(loop, keep_open=True, on_made=sender(b"0123456789")),
+                                 addr)
+        await wait_until(lambda: protos)
+        p = protos[0]
+        await wait(p.lost)
+        assert bytes(p.data) == b"0123456789"
+        assert "get_buffer" not in p.events and "updated" not in p.events
+        assert p.events[:3] == ["made", "get_big", "big_updated"]
+        ctr.close()
+        await close_server(srv)
+
+    arun(loop, main())

@@ -103,6 +103,9 @@ def test_ipv6_loopback(loop):
         tr, pr = await loop.create_connection(lambda: Recorder(loop), "::1", port)
         assert tr.get_extra_info("socket").family == socket.AF_INET6
         assert tr.get_extra_info("peername")[:2] == ("::1", port)
+        sock = tr.get_extra_info("socket")
+        assert tr.get_extra_info("peername") == sock.getpeername()  # 4-tuples
+        assert tr.get_extra_info("sockname") == sock.getsockname()
         assert tr.get_extra_info("socket").getsockopt(
             socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
         await echo_once(tr, pr)

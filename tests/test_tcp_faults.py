@@ -4,6 +4,7 @@ transports.  The peer is a plain blocking socket driven from a thread, so the
 fault does not depend on the loop under test."""
 import asyncio
 import gc
+import logging
 import socket
 import warnings
 
@@ -55,6 +56,32 @@ def test_peer_reset_mid_read(loop, listener):
         tr.close()
 
     arun(loop, main())
+
+
+def test_reset_logged_at_debug_level_in_debug_mode(loop, listener, caplog):
+    """In debug mode asyncio logs OSErrors of the transport at DEBUG level
+    ('<transport>: Fatal read error on socket transport', with exc_info);
+    the exception handler is still not called."""
+    loop.set_debug(True)
+
+    async def main():
+        calls = _handler(loop)
+        tr, pr, peer = await connect_raw_peer(loop, listener, lambda: Recorder(loop))
+        rst_close(peer)
+        exc = await wait(pr.lost)
+        assert isinstance(exc, ConnectionResetError)
+        assert calls == []
+
+    try:
+        with caplog.at_level(logging.DEBUG, logger="asyncio"):
+            arun(loop, main())
+    finally:
+        loop.set_debug(False)
+    recs = [r for r in caplog.records
+            if r.getMessage().endswith(": Fatal read error on socket transport")]
+    assert len(recs) == 1, [r.getMessage() for r in caplog.records]
+    assert recs[0].levelno == logging.DEBUG
+    assert recs[0].exc_info and isinstance(recs[0].exc_info[1], ConnectionResetError)
 
 
 def test_peer_reset_mid_write(loop, listener):

@@ -187,6 +187,67 @@ def test_write_non_bytes_type_error(loop, kind, tmp_path, bad, name):
     arun(loop, main())
 
 
+def test_writelines_type_error_message(loop, kind, tmp_path):
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
+        with pytest.raises(TypeError) as ei:
+            ctr.writelines([b"ok", "text"])
+        assert str(ei.value) == "sequence item 1: expected a bytes-like object, str found"
+        ctr.write(b"!")
+        await spr.wait_bytes(1)
+        assert bytes(spr.data) == b"!"  # nothing of the failed writelines went out
+        await finish(srv, ctr)
+
+    arun(loop, main())
+
+
+def test_writelines_copies_mutable_buffers(loop, kind, tmp_path):
+    size = 8 << 20
+
+    async def main():
+        srv, ctr, cpr, spr = await pair(
+            loop, kind, tmp_path,
+            server=lambda: Recorder(loop, on_made=lambda p: p.transport.pause_reading()))
+        a = bytearray(b"A" * size)
+        b = bytearray(b"B" * 1000)
+        ctr.writelines([a, memoryview(b)])
+        assert ctr.get_write_buffer_size() > 0
+        a[:] = b"a" * size
+        b[:] = b"b" * 1000
+        spr.transport.resume_reading()
+        await spr.wait_bytes(size + 1000)
+        assert bytes(spr.data) == b"A" * size + b"B" * 1000
+        await finish(srv, ctr)
+
+    arun(loop, main())
+
+
+def test_writelines_after_close_counts_once(loop, kind, tmp_path, caplog):
+    """asyncio 3.11's writelines() is write(b''.join(items)): after close it
+    counts as ONE lost write, however many items it has."""
+
+    def warnings_count():
+        return sum(1 for r in caplog.records
+                   if r.getMessage() == "socket.send() raised exception.")
+
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
+        ctr.close()
+        for _ in range(3):
+            ctr.writelines([b"x"] * 10)
+        assert warnings_count() == 0  # 3 writes so far, not 30
+        ctr.writelines([b"", b""])  # joins to b"": not counted
+        ctr.write(b"4")
+        assert warnings_count() == 0
+        ctr.writelines([b"5", b"5"])
+        assert warnings_count() == 1
+        await wait(cpr.lost)
+        await close_server(srv)
+
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        arun(loop, main())
+
+
 def test_write_copies_mutable_buffers(loop, kind, tmp_path):
     """Data that cannot be sent at once is copied: mutating the caller's
     bytearray after write() must not change what the peer receives."""
@@ -272,6 +333,25 @@ def test_close_abort_idempotent_lost_once(loop, kind, tmp_path):
             await asyncio.sleep(0)
         assert spr.events.count("lost") == 1
         assert spr.exc is None
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+@pytest.mark.parametrize("how", ["close", "abort"])
+def test_connection_lost_is_scheduled_like_call_soon(loop, kind, tmp_path, how):
+    """close()/abort() with an empty buffer schedule connection_lost with
+    call_soon: it runs after callbacks already queued, before later ones."""
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
+        order = []
+        cpr.on_lost = lambda p, exc: order.append("lost")
+        loop.call_soon(order.append, "before")
+        getattr(ctr, how)()
+        loop.call_soon(order.append, "after")
+        assert order == []
+        await asyncio.sleep(0)
+        assert order == ["before", "lost", "after"]
         await close_server(srv)
 
     arun(loop, main())
@@ -630,6 +710,8 @@ def test_get_extra_info(loop, kind, tmp_path):
             assert tr.get_extra_info("sockname") == sock.getsockname()
             assert tr.get_extra_info("peername") == sock.getpeername()
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) == socket.SOCK_STREAM
+            assert sock.get_inheritable() is False  # no fd leaks into children
+            assert sock.gettimeout() == 0
             assert tr.get_extra_info("no-such-key") is None
             assert tr.get_extra_info("no-such-key", 42) == 42
             assert tr.get_extra_info("peercert") is None
@@ -772,6 +854,20 @@ def test_write_buffer_limits(loop, kind, tmp_path):
     arun(loop, main())
 
 
+def test_write_buffer_limits_accept_floats(loop, kind, tmp_path):
+    """asyncio does plain arithmetic on the limits: floats are kept as is."""
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
+        ctr.set_write_buffer_limits(high=100.0)
+        assert ctr.get_write_buffer_limits() == (25.0, 100.0)
+        ctr.write(b"x" * 10)
+        await spr.wait_bytes(10)
+        assert cpr.events == ["made"]
+        await finish(srv, ctr)
+
+    arun(loop, main())
+
+
 # ---------------------------------------------------------------- set_protocol
 
 
@@ -793,6 +889,41 @@ def test_set_protocol_switches_mid_stream(loop, kind, tmp_path):
         assert second.events == ["data", "eof", "lost"]
         assert bytes(second.data) == b"two"
         await close_server(srv)
+
+    arun(loop, main())
+
+
+def test_protocol_methods_looked_up_at_call_time(loop, kind, tmp_path):
+    """asyncio calls self._protocol.data_received(...) by attribute each
+    time: a protocol may swap its handlers by assigning instance attributes
+    (a common state-machine idiom), even from connection_made."""
+    got = []
+
+    class Switching(asyncio.Protocol):
+        def connection_made(self, tr):
+            self.transport = tr
+            self.data_received = self.header  # before any data arrives
+
+        def header(self, data):
+            got.append(("header", data))
+            self.data_received = self.body
+
+        def body(self, data):
+            got.append(("body", data))
+
+        def data_received(self, data):  # never used
+            got.append(("class", data))
+
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path, server=Switching)
+        ctr.write(b"H")
+        await wait_until(lambda: len(got) == 1)
+        ctr.write(b"B1")
+        await wait_until(lambda: len(got) == 2)
+        ctr.write(b"B2")
+        await wait_until(lambda: len(got) == 3)
+        assert got == [("header", b"H"), ("body", b"B1"), ("body", b"B2")]
+        await finish(srv, ctr, spr.transport)
 
     arun(loop, main())
 

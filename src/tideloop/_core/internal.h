@@ -64,6 +64,9 @@ typedef struct {
     PyObject *str_remove_signal_handler;
     PyObject *str_warning;
     PyObject *str_set_running_loop;
+    PyObject *str_data_received;
+    PyObject *str_get_buffer;
+    PyObject *str_buffer_updated;
     PyObject *str_get_running_loop;
 
     /* Recycled handle memory (GC-untracked, type reference dropped). */
@@ -199,13 +202,14 @@ PyObject *tl_loop_serve(PyObject *loop, PyObject *args);
 
 /* sockops.c */
 extern PyType_Spec tl_sockop_spec;
-PyObject *tl_loop_sock_recv(PyObject *loop, PyObject *const *args, Py_ssize_t n);
+PyObject *tl_loop_sock_recv(PyObject *loop, PyObject *const *args, Py_ssize_t n,
+                            PyObject *kwnames);
 PyObject *tl_loop_sock_recv_into(PyObject *loop, PyObject *const *args,
-                                 Py_ssize_t n);
+                                 Py_ssize_t n, PyObject *kwnames);
 PyObject *tl_loop_sock_sendall(PyObject *loop, PyObject *const *args,
-                               Py_ssize_t n);
+                               Py_ssize_t n, PyObject *kwnames);
 PyObject *tl_loop_sock_accept(PyObject *loop, PyObject *const *args,
-                              Py_ssize_t n);
+                              Py_ssize_t n, PyObject *kwnames);
 
 /* sockaddr.c */
 struct sockaddr;

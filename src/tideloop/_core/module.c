@@ -161,6 +161,9 @@ core_exec(PyObject *m)
         intern(&st->str_remove_signal_handler, "remove_signal_handler") < 0 ||
         intern(&st->str_warning, "warning") < 0 ||
         intern(&st->str_set_running_loop, "_set_running_loop") < 0 ||
+        intern(&st->str_data_received, "data_received") < 0 ||
+        intern(&st->str_get_buffer, "get_buffer") < 0 ||
+        intern(&st->str_buffer_updated, "buffer_updated") < 0 ||
         intern(&st->str_get_running_loop, "_get_running_loop") < 0)
         return -1;
     PyObject *loop_str = PyUnicode_InternFromString("loop");
@@ -258,6 +261,9 @@ core_clear(PyObject *m)
     Py_CLEAR(st->str_remove_signal_handler);
     Py_CLEAR(st->str_warning);
     Py_CLEAR(st->str_set_running_loop);
+    Py_CLEAR(st->str_data_received);
+    Py_CLEAR(st->str_get_buffer);
+    Py_CLEAR(st->str_buffer_updated);
     Py_CLEAR(st->str_get_running_loop);
     return 0;
 }

@@ -478,10 +478,27 @@ op_clear(SockOpObject *self)
     return 0;
 }
 
+/* Like a coroutine object: dropping one that never ran says so. */
+static void
+op_finalize(SockOpObject *self)
+{
+    if (self->state != ST_NEW)
+        return;
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                         "coroutine 'Loop.%s' was never awaited",
+                         op_names[self->kind]) < 0)
+        PyErr_WriteUnraisable((PyObject *)self);
+    PyErr_Restore(et, ev, etb);
+}
+
 static void
 op_dealloc(SockOpObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
+    if (PyObject_CallFinalizerFromDealloc((PyObject *)self) < 0)
+        return;
     PyObject_GC_UnTrack(self);
     op_clear(self);
     tp->tp_free(self);
@@ -498,6 +515,7 @@ static PyMethodDef op_methods[] = {
 
 static PyType_Slot op_slots[] = {
     {Py_tp_dealloc, op_dealloc},
+    {Py_tp_finalize, op_finalize},
     {Py_tp_traverse, op_traverse},
     {Py_tp_clear, op_clear},
     {Py_tp_repr, op_repr},
@@ -535,47 +553,77 @@ op_new(LoopObject *loop, int kind, PyObject *sock)
 
 static PyObject *
 make_op(PyObject *loop, int kind, PyObject *const *args, Py_ssize_t nargs,
-        const char *argname)
+        PyObject *kwnames, const char *argname)
 {
     const char *name = op_names[kind];
+    PyObject *vals[2] = {NULL, NULL};
     Py_ssize_t want = argname ? 2 : 1;
-    if (nargs != want) {
-        if (nargs < want)
-            PyErr_Format(PyExc_TypeError,
-                         "%s() missing %zd required positional argument%s",
-                         name, want - nargs, want - nargs > 1 ? "s" : "");
-        else
-            PyErr_Format(PyExc_TypeError,
-                         "%s() takes %zd positional arguments but %zd were given",
-                         name, want + 1, nargs + 1);
+    if (nargs > want) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s() takes %zd positional arguments but %zd were given",
+                     name, want + 1, nargs + 1);
         return NULL;
     }
-    SockOpObject *op = op_new((LoopObject *)loop, kind, args[0]);
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        vals[i] = args[i];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+        Py_ssize_t slot = -1;
+        if (PyUnicode_CompareWithASCIIString(k, "sock") == 0)
+            slot = 0;
+        else if (argname && PyUnicode_CompareWithASCIIString(k, argname) == 0)
+            slot = 1;
+        if (slot < 0) {
+            PyErr_Format(PyExc_TypeError,
+                         "%s() got an unexpected keyword argument '%U'", name, k);
+            return NULL;
+        }
+        if (vals[slot] != NULL) {
+            PyErr_Format(PyExc_TypeError,
+                         "%s() got multiple values for argument '%U'", name, k);
+            return NULL;
+        }
+        vals[slot] = args[nargs + i];
+    }
+    for (Py_ssize_t i = 0; i < want; i++) {
+        if (vals[i] == NULL) {
+            PyErr_Format(PyExc_TypeError,
+                         "%s() missing 1 required positional argument: '%s'",
+                         name, i == 0 ? "sock" : argname);
+            return NULL;
+        }
+    }
+    SockOpObject *op = op_new((LoopObject *)loop, kind, vals[0]);
     if (op != NULL && argname != NULL)
-        op->data = Py_NewRef(args[1]);
+        op->data = Py_NewRef(vals[1]);
     return (PyObject *)op;
 }
 
 PyObject *
-tl_loop_sock_recv(PyObject *loop, PyObject *const *args, Py_ssize_t nargs)
+tl_loop_sock_recv(PyObject *loop, PyObject *const *args, Py_ssize_t nargs,
+                  PyObject *kwnames)
 {
-    return make_op(loop, OP_RECV, args, nargs, "n");
+    return make_op(loop, OP_RECV, args, nargs, kwnames, "n");
 }
 
 PyObject *
-tl_loop_sock_recv_into(PyObject *loop, PyObject *const *args, Py_ssize_t nargs)
+tl_loop_sock_recv_into(PyObject *loop, PyObject *const *args, Py_ssize_t nargs,
+                       PyObject *kwnames)
 {
-    return make_op(loop, OP_RECV_INTO, args, nargs, "buf");
+    return make_op(loop, OP_RECV_INTO, args, nargs, kwnames, "buf");
 }
 
 PyObject *
-tl_loop_sock_sendall(PyObject *loop, PyObject *const *args, Py_ssize_t nargs)
+tl_loop_sock_sendall(PyObject *loop, PyObject *const *args, Py_ssize_t nargs,
+                     PyObject *kwnames)
 {
-    return make_op(loop, OP_SENDALL, args, nargs, "data");
+    return make_op(loop, OP_SENDALL, args, nargs, kwnames, "data");
 }
 
 PyObject *
-tl_loop_sock_accept(PyObject *loop, PyObject *const *args, Py_ssize_t nargs)
+tl_loop_sock_accept(PyObject *loop, PyObject *const *args, Py_ssize_t nargs,
+                    PyObject *kwnames)
 {
-    return make_op(loop, OP_ACCEPT, args, nargs, NULL);
+    return make_op(loop, OP_ACCEPT, args, nargs, kwnames, NULL);
 }

@@ -34,9 +34,6 @@ typedef struct {
     int proto;
     PyObject *sock;             /* socket.socket, created lazily if we got an fd */
     PyObject *protocol;
-    PyObject *data_received;    /* cached bound methods of the protocol */
-    PyObject *get_buffer;
-    PyObject *buffer_updated;
     int buffered;
     int protocol_connected;
     PyObject *server;
@@ -51,7 +48,8 @@ typedef struct {
     size_t wq_head, wq_len, wq_cap;
     Py_ssize_t wq_off;          /* bytes of the first chunk already sent */
     Py_ssize_t buffer_size;
-    Py_ssize_t high_water, low_water;
+    double high_water, low_water;   /* compared with buffer_size */
+    PyObject *limits;           /* (low, high) as given, or NULL: defaults */
 
     int conn_lost;
     int paused;                 /* pause_reading() */
@@ -313,7 +311,7 @@ tr_call_flow(SocketTransportObject *self, const char *meth, const char *fail)
 static int
 tr_maybe_pause_protocol(SocketTransportObject *self)
 {
-    if (self->buffer_size <= self->high_water || self->protocol_paused)
+    if ((double)self->buffer_size <= self->high_water || self->protocol_paused)
         return 0;
     self->protocol_paused = 1;
     return tr_call_flow(self, "pause_writing", "protocol.pause_writing() failed");
@@ -322,7 +320,7 @@ tr_maybe_pause_protocol(SocketTransportObject *self)
 static int
 tr_maybe_resume_protocol(SocketTransportObject *self)
 {
-    if (!self->protocol_paused || self->buffer_size > self->low_water)
+    if (!self->protocol_paused || (double)self->buffer_size > self->low_water)
         return 0;
     self->protocol_paused = 0;
     return tr_call_flow(self, "resume_writing", "protocol.resume_writing() failed");
@@ -377,9 +375,6 @@ tr_call_connection_lost(SocketTransportObject *self, PyObject *exc)
     PyErr_Fetch(&et, &ev, &etb);
     tr_close_socket(self);
     Py_CLEAR(self->protocol);
-    Py_CLEAR(self->data_received);
-    Py_CLEAR(self->get_buffer);
-    Py_CLEAR(self->buffer_updated);
     PyObject *server = self->server;
     self->server = NULL;
     if (server != NULL) {
@@ -458,7 +453,11 @@ tr_read_buffered(SocketTransportObject *self)
     PyObject *arg = PyLong_FromLong(-1);
     if (arg == NULL)
         return -1;
-    PyObject *buf = PyObject_CallOneArg(self->get_buffer, arg);
+    /* Looked up per call, as asyncio does: a protocol may swap methods. */
+    PyObject *cargs[2] = {self->protocol, arg};
+    PyObject *buf = PyObject_VectorcallMethod(
+        self->loop->state->str_get_buffer, cargs,
+        2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     Py_DECREF(arg);
     if (buf == NULL)
         return tr_fail(self, "Fatal error: protocol.get_buffer() call failed.");
@@ -502,7 +501,10 @@ tr_read_buffered(SocketTransportObject *self)
     PyObject *nb = PyLong_FromSsize_t(n);
     if (nb == NULL)
         return -1;
-    PyObject *r = PyObject_CallOneArg(self->buffer_updated, nb);
+    PyObject *uargs[2] = {self->protocol, nb};
+    PyObject *r = PyObject_VectorcallMethod(
+        self->loop->state->str_buffer_updated, uargs,
+        2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     Py_DECREF(nb);
     if (r == NULL)
         return tr_fail(self, "Fatal error: protocol.buffer_updated() call failed.");
@@ -541,13 +543,10 @@ tr_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
             PyObject *data = PyBytes_FromStringAndSize(buf, n);
             if (data == NULL)
                 return NULL;
-            if (self->data_received == NULL) {
-                self->data_received = PyObject_GetAttrString(self->protocol,
-                                                             "data_received");
-            }
-            PyObject *r = self->data_received
-                              ? PyObject_CallOneArg(self->data_received, data)
-                              : NULL;
+            PyObject *dargs[2] = {self->protocol, data};
+            PyObject *r = PyObject_VectorcallMethod(
+                self->loop->state->str_data_received, dargs,
+                2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
             Py_DECREF(data);
             if (r == NULL) {
                 rc = tr_fail(self,
@@ -617,7 +616,7 @@ check_writable_data(PyObject *data)
         !PyMemoryView_Check(data)) {
         PyErr_Format(PyExc_TypeError,
                      "data argument must be a bytes-like object, not '%.200s'",
-                     Py_TYPE(data)->tp_name);
+                     _PyType_Name(Py_TYPE(data)));
         return -1;
     }
     return 0;
@@ -688,6 +687,22 @@ tr_writelines(SocketTransportObject *self, PyObject *list)
     if (check_can_write(self) < 0) {
         Py_DECREF(seq);
         return NULL;
+    }
+    if (self->conn_lost) {
+        /* One joined write for asyncio: one lost write to count. */
+        Py_ssize_t total = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t len = PyObject_Length(items[i]);
+            if (len < 0) {
+                PyErr_Clear();
+                len = 1;
+            }
+            total += len;
+        }
+        Py_DECREF(seq);
+        if (total && tr_write_bytes(self, NULL, NULL, 0) < 0)
+            return NULL;
+        Py_RETURN_NONE;
     }
     int was_lost = self->conn_lost;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -892,7 +907,9 @@ static PyObject *
 tr_get_write_buffer_limits(SocketTransportObject *self,
                            PyObject *Py_UNUSED(ignored))
 {
-    return Py_BuildValue("nn", self->low_water, self->high_water);
+    if (self->limits != NULL)
+        return Py_NewRef(self->limits);
+    return Py_BuildValue("ii", 16 * 1024, 64 * 1024);
 }
 
 static int
@@ -939,12 +956,16 @@ set_limits(SocketTransportObject *self, PyObject *high, PyObject *low)
                      h, l);
         goto done;
     }
-    Py_ssize_t hv = PyNumber_AsSsize_t(h, PyExc_OverflowError);
-    if (hv == -1 && PyErr_Occurred())
+    double hv = PyFloat_AsDouble(h);
+    if (hv == -1.0 && PyErr_Occurred())
         goto done;
-    Py_ssize_t lv = PyNumber_AsSsize_t(l, PyExc_OverflowError);
-    if (lv == -1 && PyErr_Occurred())
+    double lv = PyFloat_AsDouble(l);
+    if (lv == -1.0 && PyErr_Occurred())
         goto done;
+    PyObject *limits = PyTuple_Pack(2, l, h);
+    if (limits == NULL)
+        goto done;
+    Py_XSETREF(self->limits, limits);
     self->high_water = hv;
     self->low_water = lv;
     rc = 0;
@@ -975,28 +996,6 @@ tr_set_protocol_impl(SocketTransportObject *self, PyObject *protocol)
     int buffered = PyObject_IsInstance(protocol, st->BufferedProtocol);
     if (buffered < 0)
         return -1;
-    PyObject *a = NULL, *b = NULL;
-    if (buffered) {
-        a = PyObject_GetAttrString(protocol, "get_buffer");
-        b = a ? PyObject_GetAttrString(protocol, "buffer_updated") : NULL;
-        if (b == NULL) {
-            Py_XDECREF(a);
-            return -1;
-        }
-        Py_CLEAR(self->data_received);
-        Py_XSETREF(self->get_buffer, a);
-        Py_XSETREF(self->buffer_updated, b);
-    }
-    else {
-        a = PyObject_GetAttrString(protocol, "data_received");
-        if (a == NULL) {
-            /* asyncio fails only when data arrives; look it up then. */
-            PyErr_Clear();
-        }
-        Py_XSETREF(self->data_received, a);
-        Py_CLEAR(self->get_buffer);
-        Py_CLEAR(self->buffer_updated);
-    }
     self->buffered = buffered;
     Py_XSETREF(self->protocol, Py_NewRef(protocol));
     self->protocol_connected = 1;
@@ -1387,10 +1386,8 @@ tr_traverse(SocketTransportObject *self, visitproc visit, void *arg)
     Py_VISIT(self->loop);
     Py_VISIT(self->sock);
     Py_VISIT(self->protocol);
-    Py_VISIT(self->data_received);
-    Py_VISIT(self->get_buffer);
-    Py_VISIT(self->buffer_updated);
     Py_VISIT(self->head.extra);
+    Py_VISIT(self->limits);
     Py_VISIT(self->server);
     Py_VISIT(self->read_ready);
     Py_VISIT(self->write_ready);
@@ -1407,10 +1404,8 @@ static int
 tr_clear(SocketTransportObject *self)
 {
     Py_CLEAR(self->protocol);
-    Py_CLEAR(self->data_received);
-    Py_CLEAR(self->get_buffer);
-    Py_CLEAR(self->buffer_updated);
     Py_CLEAR(self->head.extra);
+    Py_CLEAR(self->limits);
     Py_CLEAR(self->server);
     Py_CLEAR(self->read_ready);
     Py_CLEAR(self->write_ready);
