@@ -355,7 +355,7 @@ tl_handle_run(HandleObject *h)
     h->running = 0;
     if (h->cancelled)
         handle_clear_call(h);
-    if (shared && Py_REFCNT(ctx) > 1) {
+    if (shared && ctx == loop->run_ctx && Py_REFCNT(ctx) > 1) {
         /* Someone kept the shared Context (a Token, say): give it away and
          * use a fresh one from now on. */
         PyObject *fresh = PyContext_New();

@@ -65,6 +65,12 @@ typedef struct {
     PyObject *str_warning;
     PyObject *str_set_running_loop;
     PyObject *str_data_received;
+    PyObject *str_done;
+    PyObject *str_fileno;
+    PyObject *str_result;
+    PyObject *str_set_result;
+    PyObject *str_set_exception;
+    PyObject *str_future_blocking;
     PyObject *str_get_buffer;
     PyObject *str_buffer_updated;
     PyObject *str_get_running_loop;
@@ -119,7 +125,10 @@ typedef struct {
 typedef struct {
     HandleObject *reader;
     HandleObject *writer;
-    int mask;                    /* what the poller has registered */
+    int mask;                    /* interest armed in the poller (0: none) */
+    int oneshot;                 /* armed with TL_POLL_ONESHOT */
+    int dormant;                 /* known to the poller, disarmed: re-arming
+                                    is a modify, and removing costs nothing */
     int internal;                /* 1: wakeup eventfd, 2: signal pipe */
     tl_transport_head *transport;   /* borrowed; cleared when it lets go */
 } tl_fdentry;
@@ -219,6 +228,11 @@ PyObject *tl_sockaddr_to_py(const struct sockaddr *sa, unsigned int len);
 extern PyType_Spec tl_loop_spec;
 /* Internal API for transports (no transport check, handles reusable). */
 int tl_loop_add_io(LoopObject *loop, int fd, int which, PyObject *callback);
+/* For a callback that expects one event (sock_* waits): the poller disarms
+ * the fd after reporting it, so finishing needs no syscall and waiting
+ * again is one. */
+int tl_loop_add_io_oneshot(LoopObject *loop, int fd, int which,
+                           PyObject *callback);
 int tl_loop_remove_io(LoopObject *loop, int fd, int which);   /* 1: removed */
 int tl_loop_call_soon(LoopObject *loop, PyObject *callback,
                       PyObject *const *args, Py_ssize_t nargs);
@@ -228,6 +242,8 @@ int tl_loop_set_fd_transport(LoopObject *loop, int fd, tl_transport_head *t);
 void tl_loop_clear_fd_transport(LoopObject *loop, int fd, tl_transport_head *t);
 char *tl_loop_readbuf(LoopObject *loop);
 int tl_loop_check_closed(LoopObject *loop);
+int tl_loop_check_fd_transport(LoopObject *loop, int fd);
+PyObject *tl_loop_create_future(LoopObject *loop);
 /* loop.call_exception_handler({message, exception, **pairs}); pairs are
  * (const char *key, PyObject *value) ending with NULL. */
 int tl_loop_report(LoopObject *loop, const char *message, PyObject *exc, ...);

@@ -282,30 +282,47 @@ fd_reserve(LoopObject *self, int fd)
     return 0;
 }
 
-/* Tell the poller the new interest mask for fd; OSError on failure. */
+/* Tell the poller the interest for fd; OSError on failure. */
 static int
-fd_set_mask(LoopObject *self, int fd, int mask)
+fd_apply(LoopObject *self, int fd, int mask, int oneshot)
 {
     tl_fdentry *e = &self->fds[fd];
-    int rc = 0;
-    if (e->mask == mask)
+    oneshot = oneshot && mask;
+    if (e->mask == mask && e->oneshot == oneshot)
         return 0;
-    if (e->mask == 0)
-        rc = tl_poller_add(self->poller, fd, mask);
-    else if (mask == 0)
+    int kmask = mask | (oneshot ? TL_POLL_ONESHOT : 0);
+    int rc;
+    if (mask == 0)
         rc = tl_poller_remove(self->poller, fd);
+    else if (e->mask == 0 && !e->dormant)
+        rc = tl_poller_add(self->poller, fd, kmask);
     else
-        rc = tl_poller_modify(self->poller, fd, mask);
+        rc = tl_poller_modify(self->poller, fd, kmask);
     if (rc < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         return -1;
     }
-    if (e->mask == 0)
+    if (e->mask == 0 && mask)
         self->fds_registered++;
-    else if (mask == 0)
+    else if (e->mask && mask == 0)
         self->fds_registered--;
     e->mask = mask;
+    e->oneshot = oneshot;
+    e->dormant = 0;
     return 0;
+}
+
+static int
+fd_set_mask(LoopObject *self, int fd, int mask)
+{
+    return fd_apply(self, fd, mask, 0);
+}
+
+/* The interest the fd's handles want. */
+static inline int
+fd_wanted(tl_fdentry *e)
+{
+    return (e->reader ? TL_POLL_READ : 0) | (e->writer ? TL_POLL_WRITE : 0);
 }
 
 static int
@@ -441,11 +458,18 @@ dispatch_events(LoopObject *self, int n)
             continue;
         }
         self->n_io_events++;
+        if (e->oneshot && e->mask) {
+            /* The poller disarmed it after this event. */
+            e->mask = 0;
+            e->oneshot = 0;
+            e->dormant = 1;
+            self->fds_registered--;
+        }
         if ((mask & TL_POLL_READ) && e->reader != NULL) {
             HandleObject *h = e->reader;
             if (h->cancelled) {
                 e->reader = NULL;
-                if (fd_set_mask(self, fd, e->mask & ~TL_POLL_READ) < 0)
+                if (fd_set_mask(self, fd, e->mask & fd_wanted(e)) < 0)
                     PyErr_Clear();
                 Py_DECREF(h);
             }
@@ -460,7 +484,7 @@ dispatch_events(LoopObject *self, int n)
             HandleObject *h = e->writer;
             if (h->cancelled) {
                 e->writer = NULL;
-                if (fd_set_mask(self, fd, e->mask & ~TL_POLL_WRITE) < 0)
+                if (fd_set_mask(self, fd, e->mask & fd_wanted(e)) < 0)
                     PyErr_Clear();
                 Py_DECREF(h);
             }
@@ -970,6 +994,8 @@ loop_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
         Py_CLEAR(e->reader);
         Py_CLEAR(e->writer);
         e->mask = 0;
+        e->oneshot = 0;
+        e->dormant = 0;
         e->internal = 0;
         e->transport = NULL;
     }
@@ -992,7 +1018,7 @@ loop_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
 /* Install h (stolen) as the reader or writer of fd, replacing (and
  * cancelling) the previous one. */
 static int
-set_io_handle(LoopObject *self, int fd, int which, HandleObject *h)
+set_io_handle(LoopObject *self, int fd, int which, HandleObject *h, int oneshot)
 {
     if (fd_reserve(self, fd) < 0) {
         Py_DECREF(h);
@@ -1006,7 +1032,10 @@ set_io_handle(LoopObject *self, int fd, int which, HandleObject *h)
                      fd);
         return -1;
     }
-    if (fd_set_mask(self, fd, e->mask | which) < 0) {
+    HandleObject **other = which == TL_POLL_READ ? &e->writer : &e->reader;
+    int want = which | (*other ? (TL_POLL_READ | TL_POLL_WRITE) & ~which : 0);
+    /* One-shot only while it is the fd's only interest. */
+    if (fd_apply(self, fd, want, oneshot && *other == NULL) < 0) {
         Py_DECREF(h);
         return -1;
     }
@@ -1033,7 +1062,20 @@ tl_loop_add_io(LoopObject *self, int fd, int which, PyObject *callback)
                                     0, NULL, 1);
     if (h == NULL)
         return -1;
-    return set_io_handle(self, fd, which, h);
+    return set_io_handle(self, fd, which, h, 0);
+}
+
+int
+tl_loop_add_io_oneshot(LoopObject *self, int fd, int which, PyObject *callback)
+{
+    if (check_closed(self) < 0 || check_fork(self) < 0)
+        return -1;
+    tl_state *st = self->state;
+    HandleObject *h = tl_handle_new(st, st->HandleType, self, callback, NULL,
+                                    0, NULL, 1);
+    if (h == NULL)
+        return -1;
+    return set_io_handle(self, fd, which, h, 1);
 }
 
 int
@@ -1049,17 +1091,19 @@ tl_loop_remove_io(LoopObject *self, int fd, int which)
     if (e->internal)
         return 0;
     HandleObject **slot = which == TL_POLL_READ ? &e->reader : &e->writer;
-    if (fd_set_mask(self, fd, e->mask & ~which) < 0) {
+    HandleObject *old = *slot;
+    *slot = NULL;
+    if (fd_set_mask(self, fd, e->mask & fd_wanted(e)) < 0) {
         /* The kernel forgot the fd already (closed); keep our table honest. */
         PyErr_Clear();
         if (e->mask)
             self->fds_registered--;
         e->mask = 0;
+        e->oneshot = 0;
+        e->dormant = 0;
     }
-    HandleObject *old = *slot;
     if (old == NULL)
         return 0;
-    *slot = NULL;
     int rc = tl_handle_cancel(old);
     Py_DECREF(old);
     return rc < 0 ? -1 : 1;
@@ -1193,7 +1237,7 @@ add_io(LoopObject *self, PyObject *const *args, Py_ssize_t nargs,
     if (h == NULL)
         return -1;
     Py_INCREF(h);
-    if (set_io_handle(self, fd, which, h) < 0) {
+    if (set_io_handle(self, fd, which, h, 0) < 0) {
         Py_DECREF(h);
         return -1;
     }
@@ -1255,6 +1299,25 @@ loop__add_writer(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (add_io(self, args, nargs, "_add_writer", TL_POLL_WRITE, 1, &out) < 0)
         return NULL;
     return out;
+}
+
+int
+tl_loop_check_fd_transport(LoopObject *self, int fd)
+{
+    PyObject *fdo = PyLong_FromLong(fd);
+    if (fdo == NULL)
+        return -1;
+    int rc = check_no_transport(self, fd, fdo);
+    Py_DECREF(fdo);
+    return rc;
+}
+
+PyObject *
+tl_loop_create_future(LoopObject *self)
+{
+    PyObject *args[1] = {(PyObject *)self};
+    return PyObject_Vectorcall(self->state->Future, args, 0,
+                               self->state->kw_loop);
 }
 
 static PyObject *

@@ -162,6 +162,12 @@ core_exec(PyObject *m)
         intern(&st->str_warning, "warning") < 0 ||
         intern(&st->str_set_running_loop, "_set_running_loop") < 0 ||
         intern(&st->str_data_received, "data_received") < 0 ||
+        intern(&st->str_done, "done") < 0 ||
+        intern(&st->str_fileno, "fileno") < 0 ||
+        intern(&st->str_result, "result") < 0 ||
+        intern(&st->str_set_result, "set_result") < 0 ||
+        intern(&st->str_set_exception, "set_exception") < 0 ||
+        intern(&st->str_future_blocking, "_asyncio_future_blocking") < 0 ||
         intern(&st->str_get_buffer, "get_buffer") < 0 ||
         intern(&st->str_buffer_updated, "buffer_updated") < 0 ||
         intern(&st->str_get_running_loop, "_get_running_loop") < 0)
@@ -262,6 +268,12 @@ core_clear(PyObject *m)
     Py_CLEAR(st->str_warning);
     Py_CLEAR(st->str_set_running_loop);
     Py_CLEAR(st->str_data_received);
+    Py_CLEAR(st->str_done);
+    Py_CLEAR(st->str_fileno);
+    Py_CLEAR(st->str_result);
+    Py_CLEAR(st->str_set_result);
+    Py_CLEAR(st->str_set_exception);
+    Py_CLEAR(st->str_future_blocking);
     Py_CLEAR(st->str_get_buffer);
     Py_CLEAR(st->str_buffer_updated);
     Py_CLEAR(st->str_get_running_loop);

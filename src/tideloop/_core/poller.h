@@ -7,6 +7,8 @@
 
 #define TL_POLL_READ  1
 #define TL_POLL_WRITE 2
+/* Report one event, then disable the fd until it is modified again. */
+#define TL_POLL_ONESHOT 4
 
 typedef struct tl_poller tl_poller;
 

@@ -60,6 +60,8 @@ to_epoll(int mask)
         ev |= EPOLLIN;
     if (mask & TL_POLL_WRITE)
         ev |= EPOLLOUT;
+    if (mask & TL_POLL_ONESHOT)
+        ev |= EPOLLONESHOT;
     return ev;
 }
 

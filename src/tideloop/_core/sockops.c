@@ -160,7 +160,8 @@ op_ready(SockOpObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (self->fut == NULL || self->state != ST_WAITING)
         Py_RETURN_NONE;
-    PyObject *done = PyObject_CallMethod(self->fut, "done", NULL);
+    tl_state *st = self->loop->state;
+    PyObject *done = PyObject_CallMethodNoArgs(self->fut, st->str_done);
     if (done == NULL)
         return NULL;
     int isdone = PyObject_IsTrue(done);
@@ -172,17 +173,20 @@ op_ready(SockOpObject *self, PyObject *Py_UNUSED(ignored))
         Py_RETURN_NONE;
     }
     PyObject *res = op_attempt(self);
-    if (res == ATTEMPT_BLOCKED)
+    if (res == ATTEMPT_BLOCKED) {
+        /* A spurious wakeup: the one-shot interest is spent, arm it again. */
+        if (tl_loop_add_io_oneshot(self->loop, self->fd, self->registered,
+                                   self->ready_cb) < 0)
+            return NULL;
         Py_RETURN_NONE;
+    }
     if (op_unregister(self) < 0) {
         Py_XDECREF(res);
         return NULL;
     }
     PyObject *r;
     if (res != NULL) {
-        PyObject *name = PyUnicode_FromString("set_result");
-        r = name ? PyObject_CallMethodOneArg(self->fut, name, res) : NULL;
-        Py_XDECREF(name);
+        r = PyObject_CallMethodOneArg(self->fut, st->str_set_result, res);
         Py_DECREF(res);
     }
     else {
@@ -194,7 +198,7 @@ op_ready(SockOpObject *self, PyObject *Py_UNUSED(ignored))
         PyErr_NormalizeException(&t, &v, &tb);
         if (tb != NULL)
             PyException_SetTraceback(v, tb);
-        r = PyObject_CallMethod(self->fut, "set_exception", "O", v);
+        r = PyObject_CallMethodOneArg(self->fut, st->str_set_exception, v);
         Py_XDECREF(t);
         Py_XDECREF(v);
         Py_XDECREF(tb);
@@ -241,7 +245,7 @@ check_socket(SockOpObject *self)
             return -1;
         }
     }
-    PyObject *fdo = PyObject_CallMethod(self->sock, "fileno", NULL);
+    PyObject *fdo = PyObject_CallMethodNoArgs(self->sock, st->str_fileno);
     if (fdo == NULL)
         return -1;
     long fd = PyLong_AsLong(fdo);
@@ -306,7 +310,7 @@ op_step(SockOpObject *self, PyObject **out)
         self->fut = NULL;
         op_unregister(self);
         op_release(self);
-        PyObject *r = PyObject_CallMethod(fut, "result", NULL);
+        PyObject *r = PyObject_CallMethodNoArgs(fut, self->loop->state->str_result);
         Py_DECREF(fut);
         if (r == NULL)
             return STEP_ERROR;
@@ -327,15 +331,11 @@ op_step(SockOpObject *self, PyObject **out)
         return STEP_RETURN;
     }
     /* Would block: wait for the fd. */
-    PyObject *chk = PyObject_CallMethod((PyObject *)self->loop,
-                                        "_check_fd_transport", "i", self->fd);
-    if (chk == NULL) {
+    if (tl_loop_check_fd_transport(self->loop, self->fd) < 0) {
         op_release(self);
         return STEP_ERROR;
     }
-    Py_DECREF(chk);
-    PyObject *fut = PyObject_CallMethod((PyObject *)self->loop, "create_future",
-                                        NULL);
+    PyObject *fut = tl_loop_create_future(self->loop);
     if (fut == NULL) {
         op_release(self);
         return STEP_ERROR;
@@ -344,8 +344,9 @@ op_step(SockOpObject *self, PyObject **out)
     if (self->ready_cb == NULL)
         self->ready_cb = PyObject_GetAttrString((PyObject *)self, "_ready");
     if (self->ready_cb == NULL ||
-        tl_loop_add_io(self->loop, self->fd, which, self->ready_cb) < 0 ||
-        PyObject_SetAttrString(fut, "_asyncio_future_blocking", Py_True) < 0) {
+        tl_loop_add_io_oneshot(self->loop, self->fd, which, self->ready_cb) < 0 ||
+        PyObject_SetAttr(fut, self->loop->state->str_future_blocking,
+                         Py_True) < 0) {
         Py_DECREF(fut);
         op_release(self);
         return STEP_ERROR;

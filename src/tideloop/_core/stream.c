@@ -92,11 +92,18 @@ tr_get_sock(SocketTransportObject *self)
     return s;
 }
 
+static int tr_remove_reader(SocketTransportObject *self);
+static int tr_remove_writer(SocketTransportObject *self);
+
 static void
 tr_close_socket(SocketTransportObject *self)
 {
     if (self->fd < 0)
         return;
+    /* Nothing of ours may stay registered under an fd number the kernel
+     * will hand out again. */
+    if (tr_remove_reader(self) < 0 || tr_remove_writer(self) < 0)
+        PyErr_Clear();
     tl_loop_clear_fd_transport(self->loop, self->fd, &self->head);
     if (self->sock != NULL) {
         PyObject *r = PyObject_CallMethod(self->sock, "close", NULL);
