@@ -2,8 +2,8 @@
 """Network benchmark (issue #3): echo servers on asyncio, uvloop and tideloop
 against a C epoll echo server, driven by a C closed-loop load generator.
 
-    python bench/net.py                                   # full matrix, ~15 min
-    python bench/net.py --quick                           # CI smoke, ~1 min
+    python bench/net.py                                   # full matrix, ~14 min
+    python bench/net.py --quick                           # CI smoke, ~2 min
     python bench/net.py --loops asyncio,uvloop --only protocol,streams
     python bench/net.py --markdown --json net-results.json
 

@@ -15,6 +15,12 @@
 #define TL_HANDLE_FREELIST_MAX 1024
 /* What one recv() asks for, as asyncio's max_size. */
 #define TL_READBUF_SIZE (256 * 1024)
+/* Transports receive into a bytes object of TL_SPARE_SIZE; reads at least
+ * TL_HANDOVER_MIN long are handed over in it (shrunk in place), shorter ones
+ * are copied out.  The size stays under glibc's default mmap threshold
+ * (128 KiB): a larger block would be an mmap/mremap/munmap per read. */
+#define TL_SPARE_SIZE (128 * 1024 - 256)
+#define TL_HANDOVER_MIN (16 * 1024)
 
 typedef struct LoopObject LoopObject;
 typedef struct HandleObject HandleObject;
@@ -167,6 +173,8 @@ struct LoopObject {
     int events_cap;
 
     char *readbuf;               /* shared receive buffer, TL_READBUF_SIZE */
+    PyObject *spare_bytes;       /* a TL_READBUF_SIZE bytes object that
+                                    transports receive into (see stream.c) */
 
     double clock_resolution;
     double slow_callback_duration;

@@ -1681,6 +1681,7 @@ loop_clear(LoopObject *self)
         Py_CLEAR(self->fds[fd].writer);
     }
     Py_CLEAR(self->current_handle);
+    Py_CLEAR(self->spare_bytes);
     Py_CLEAR(self->run_ctx);
     Py_CLEAR(self->task_factory);
     Py_CLEAR(self->signal_handlers);

@@ -529,12 +529,19 @@ tr_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
         rc = tr_read_buffered(self);
     }
     else {
-        char *buf = tl_loop_readbuf(self->loop);
-        if (buf == NULL)
-            return NULL;
+        /* Receive into a bytes object the loop keeps: a large read is handed
+         * to the protocol in it (no copy: the object shrinks in place), a
+         * small one is copied out and the buffer is kept for the next. */
+        LoopObject *loop = self->loop;
+        if (loop->spare_bytes == NULL) {
+            loop->spare_bytes = PyBytes_FromStringAndSize(NULL, TL_SPARE_SIZE);
+            if (loop->spare_bytes == NULL)
+                return NULL;
+        }
+        char *buf = PyBytes_AS_STRING(loop->spare_bytes);
         ssize_t n;
         do {
-            n = recv(self->fd, buf, TL_READBUF_SIZE, 0);
+            n = recv(self->fd, buf, TL_SPARE_SIZE, 0);
         } while (n < 0 && errno == EINTR);
         if (n < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK)
@@ -547,9 +554,18 @@ tr_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
             rc = tr_on_eof(self);
         }
         else {
-            PyObject *data = PyBytes_FromStringAndSize(buf, n);
-            if (data == NULL)
-                return NULL;
+            PyObject *data;
+            if (n >= TL_HANDOVER_MIN && Py_REFCNT(loop->spare_bytes) == 1) {
+                data = loop->spare_bytes;
+                loop->spare_bytes = NULL;
+                if (_PyBytes_Resize(&data, n) < 0)
+                    return NULL;
+            }
+            else {
+                data = PyBytes_FromStringAndSize(buf, n);
+                if (data == NULL)
+                    return NULL;
+            }
             PyObject *dargs[2] = {self->protocol, data};
             PyObject *r = PyObject_VectorcallMethod(
                 self->loop->state->str_data_received, dargs,
