@@ -115,13 +115,13 @@ tl_handle_new(tl_state *st, PyTypeObject *type, LoopObject *loop,
         h->weakreflist = NULL;
         h->next_free = NULL;
     }
+    /* (A recycled handle comes back with every reference field NULL.) */
     h->source_traceback = NULL;
     h->repr_cache = NULL;
     h->cancelled = 0;
     h->scheduled = 0;
     h->running = 0;
     h->ctx_vars = NULL;
-    h->when = 0.0;
     h->node.index = TL_HEAP_NOT_IN;
     h->nargs = nargs;
     if (nargs <= TL_INLINE_ARGS) {
@@ -207,7 +207,7 @@ static void
 handle_dealloc(HandleObject *h)
 {
     PyTypeObject *tp = Py_TYPE(h);
-    tl_state *st = tl_get_state_from_type(tp);
+    tl_state *st = h->loop != NULL ? h->loop->state : tl_get_state_from_type(tp);
     PyObject_GC_UnTrack(h);
     if (h->weakreflist != NULL)
         PyObject_ClearWeakRefs((PyObject *)h);
@@ -308,8 +308,11 @@ tl_handle_run(HandleObject *h)
     if (ctx == NULL) {
         PyObject *rc = loop->run_ctx;
         if (rc != NULL && !CTX(rc)->ctx_entered) {
-            Py_INCREF(h->ctx_vars);
-            Py_SETREF(CTX(rc)->ctx_vars, h->ctx_vars);
+            /* Consecutive callbacks mostly share one snapshot. */
+            if (CTX(rc)->ctx_vars != h->ctx_vars) {
+                Py_INCREF(h->ctx_vars);
+                Py_SETREF(CTX(rc)->ctx_vars, h->ctx_vars);
+            }
             ctx = rc;
             shared = 1;
         }

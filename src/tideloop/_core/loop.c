@@ -630,10 +630,12 @@ schedule_soon(LoopObject *self, const char *method, PyObject *const *args,
               Py_ssize_t nargsf, PyObject *kwnames, int threadsafe)
 {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *context;
-    if (parse_callback_call(self, method, args, nargs, kwnames, 0, NULL,
-                            &context) < 0)
-        return NULL;
+    PyObject *context = NULL;
+    if (kwnames != NULL || nargs == 0) {
+        if (parse_callback_call(self, method, args, nargs, kwnames, 0, NULL,
+                                &context) < 0)
+            return NULL;
+    }
     if (check_closed(self) < 0)
         return NULL;
     if (self->debug) {
