@@ -42,6 +42,23 @@ EVENTS_STOCK_CLASS = "EPollEventLoopTests"
 EVENTS_KEY_CLASS = "EventLoopTests"
 
 
+# Modules whose tests build their loop in a method of a concrete class: the
+# stock side keeps that class (the epoll/selector loop), the tideloop side a
+# subclass "Tideloop<Class>" whose method returns a tideloop loop; both are
+# reported under the stock class's name.  Other concrete loop classes of the
+# module (poll, select, kqueue variants) are left out on both sides.
+CLASS_SWAPS = {
+    "test_sock_lowlevel": ("EPollEventLoopTests", "create_event_loop",
+                           {"PollEventLoopTests", "SelectEventLoopTests",
+                            "KqueueEventLoopTests"}),
+    "test_sendfile": ("EPollEventLoopTests", "create_event_loop",
+                      {"PollEventLoopTests", "SelectEventLoopTests",
+                       "KqueueEventLoopTests"}),
+    "test_server": ("SelectorStartServerTests", "new_loop", set()),
+    "test_buffered_proto": ("BufferedProtocolSelectorTests", "new_loop", set()),
+}
+
+
 def short_id(test_id):
     return test_id[len(PKG):] if test_id.startswith(PKG) else test_id
 
@@ -51,6 +68,9 @@ def key_for(test_id):
     parts = sid.split(".")
     if len(parts) >= 3 and parts[0] == "test_events" and parts[1] in EVENTS_LOOP_CLASSES:
         parts[1] = EVENTS_KEY_CLASS
+    if (len(parts) >= 3 and parts[0] in CLASS_SWAPS
+            and parts[1] == "Tideloop" + CLASS_SWAPS[parts[0]][0]):
+        parts[1] = CLASS_SWAPS[parts[0]][0]
     return ".".join(parts)
 
 
@@ -155,12 +175,34 @@ def adapt_test_events(module, side, counter):
     return wanted
 
 
+def adapt_class_swap(module, side, counter):
+    """Run the module's loop test class on tideloop (see CLASS_SWAPS)."""
+    name = module.__name__.rpartition(".")[2]
+    stock_name, method, dropped = CLASS_SWAPS[name]
+    stock_cls = getattr(module, stock_name)
+    if side == "tideloop":
+        swapped = type("Tideloop" + stock_name, (stock_cls,),
+                       {method: lambda self: counter()})
+        swapped.__module__ = module.__name__
+        setattr(module, swapped.__name__, swapped)
+        keep = swapped.__name__
+    else:
+        keep = stock_name
+    loop_classes = {stock_name, "Tideloop" + stock_name} | dropped
+
+    def wanted(test):
+        cls = type(test).__name__
+        return cls not in loop_classes or cls == keep
+    return wanted
+
+
 # Per-module adapters: module name -> function(module, side, counter)
 # returning a predicate over test cases (None = keep all). Later issues add
 # entries for modules with their own concrete loop classes (test_subprocess,
 # test_unix_events, ...).
 ADAPTERS = {
     "test_events": adapt_test_events,
+    **{name: adapt_class_swap for name in CLASS_SWAPS},
 }
 
 

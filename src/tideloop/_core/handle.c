@@ -370,6 +370,91 @@ tl_handle_run(HandleObject *h)
     return rc;
 }
 
+/* Run a snapshot handle (no explicit Context) inside a batch: consecutive
+ * snapshot handles share one entry into the loop's reusable Context, and
+ * between them only the variables are swapped (with the thread's context
+ * version bumped, so ContextVar caches see the change).  *entered tells
+ * whether the batch currently has that Context entered; the caller exits it
+ * (tl_batch_exit) before running anything else.  A failing callback leaves
+ * the batch first, so errors are reported outside the callback's context, as
+ * asyncio's ctx.run() returning would. */
+void
+tl_batch_exit(LoopObject *loop, int *entered)
+{
+    if (!*entered)
+        return;
+    *entered = 0;
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    if (PyContext_Exit(loop->run_ctx) < 0)
+        PyErr_WriteUnraisable(loop->run_ctx);
+    PyErr_Restore(et, ev, etb);
+}
+
+int
+tl_handle_run_batched(HandleObject *h, int *entered)
+{
+    LoopObject *loop = h->loop;
+    PyObject *rc = loop->run_ctx;
+    if (h->callback == NULL || h->running || h->context != NULL ||
+        h->ctx_vars == NULL || rc == NULL) {
+        tl_batch_exit(loop, entered);
+        return tl_handle_run(h);
+    }
+    PyThreadState *ts = PyThreadState_Get();
+    if (*entered && ts->context != rc)
+        tl_batch_exit(loop, entered);   /* someone switched under us */
+    if (!*entered) {
+        if (CTX(rc)->ctx_entered)
+            return tl_handle_run(h);    /* nested iteration */
+        if (CTX(rc)->ctx_vars != h->ctx_vars) {
+            Py_INCREF(h->ctx_vars);
+            Py_SETREF(CTX(rc)->ctx_vars, h->ctx_vars);
+        }
+        if (PyContext_Enter(rc) < 0)
+            return -1;
+        *entered = 1;
+    }
+    else if (CTX(rc)->ctx_vars != h->ctx_vars) {
+        Py_INCREF(h->ctx_vars);
+        Py_SETREF(CTX(rc)->ctx_vars, h->ctx_vars);
+        ts->context_ver++;
+    }
+    PyObject *const *callargs = h->args_tuple != NULL
+                                    ? &PyTuple_GET_ITEM(h->args_tuple, 0)
+                                    : h->argv;
+    h->running = 1;
+    PyObject *res = PyObject_Vectorcall(h->callback, callargs, h->nargs, NULL);
+    h->running = 0;
+    int ret = 0;
+    if (res != NULL) {
+        Py_DECREF(res);
+    }
+    else {
+        tl_batch_exit(loop, entered);
+        if (PyErr_ExceptionMatches(PyExc_SystemExit) ||
+            PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+            ret = -1;
+        }
+        else {
+            PyObject *t = handle_args_tuple(h);
+            ret = t ? handle_report_error(h, h->callback, t) : -1;
+            Py_XDECREF(t);
+        }
+    }
+    if (h->cancelled)
+        handle_clear_call(h);
+    if (rc == loop->run_ctx && Py_REFCNT(rc) > (*entered ? 2 : 1)) {
+        /* Someone kept the shared Context (a Token, say). */
+        tl_batch_exit(loop, entered);
+        PyObject *fresh = PyContext_New();
+        if (fresh == NULL)
+            return -1;
+        Py_SETREF(loop->run_ctx, fresh);
+    }
+    return ret;
+}
+
 /* ---- Python-visible methods ---- */
 
 static PyObject *

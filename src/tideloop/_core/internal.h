@@ -208,6 +208,8 @@ PyObject *tl_context_from_vars(PyObject *vars);
 /* 0: ran (errors went to the exception handler); -1: exception to propagate */
 int tl_handle_run(HandleObject *h);
 int tl_handle_cancel(HandleObject *h);   /* -1 only if debug repr fails */
+int tl_handle_run_batched(HandleObject *h, int *entered);
+void tl_batch_exit(LoopObject *loop, int *entered);
 void tl_handle_free_list(tl_state *st);
 
 /* stream.c */

@@ -602,6 +602,7 @@ run_once(LoopObject *self)
 
     /* Only what was ready now: callbacks scheduled from here wait. */
     size_t ntodo = self->ready_len;
+    int entered = 0;
     for (size_t i = 0; i < ntodo && self->ready_len; i++) {
         HandleObject *h = ready_pop(self);
         if (h->cancelled) {
@@ -609,11 +610,21 @@ run_once(LoopObject *self)
             continue;
         }
         self->n_callbacks++;
-        int rc = self->debug ? run_ready_debug(self, h) : tl_handle_run(h);
+        int rc;
+        if (self->debug) {
+            tl_batch_exit(self, &entered);
+            rc = run_ready_debug(self, h);
+        }
+        else {
+            rc = tl_handle_run_batched(h, &entered);
+        }
         Py_DECREF(h);
-        if (rc < 0)
+        if (rc < 0) {
+            tl_batch_exit(self, &entered);
             return -1;
+        }
     }
+    tl_batch_exit(self, &entered);
     return 0;
 }
 
