@@ -542,3 +542,32 @@ def test_no_fd_leak(loop, tcp_pair, listener, dead_port):
         fd_leak_check(before)
 
     arun(loop, main())
+
+
+def test_cancelled_recv_does_not_unregister_its_successor(loop):
+    """A sock_recv cancelled while a new sock_recv on the same socket is
+    already waiting must not remove the new one's reader (asyncio checks its
+    own handle; CPython's test_sock_client_racing)."""
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.setblocking(False)
+
+    async def main():
+        first = asyncio.ensure_future(loop.sock_recv(a, 100))
+        await asyncio.sleep(0)          # `first` now waits on the fd
+        first.cancel()                  # handled next iteration...
+
+        async def feed():
+            await asyncio.sleep(0.05)
+            b.send(b"payload")
+
+        asyncio.ensure_future(feed())
+        async with asyncio.timeout(5):
+            # ...after this one registered its own reader for the same fd
+            return await loop.sock_recv(a, 100)
+
+    try:
+        assert loop.run_until_complete(main()) == b"payload"
+    finally:
+        a.close()
+        b.close()

@@ -241,8 +241,8 @@ int tl_loop_add_io(LoopObject *loop, int fd, int which, PyObject *callback);
 /* For a callback that expects one event (sock_* waits): the poller disarms
  * the fd after reporting it, so finishing needs no syscall and waiting
  * again is one. */
-int tl_loop_add_io_oneshot(LoopObject *loop, int fd, int which,
-                           PyObject *callback);
+HandleObject *tl_loop_add_io_oneshot(LoopObject *loop, int fd, int which,
+                                     PyObject *callback);   /* new ref */
 int tl_loop_remove_io(LoopObject *loop, int fd, int which);   /* 1: removed */
 int tl_loop_call_soon(LoopObject *loop, PyObject *callback,
                       PyObject *const *args, Py_ssize_t nargs);

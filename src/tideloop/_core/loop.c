@@ -1078,17 +1078,22 @@ tl_loop_add_io(LoopObject *self, int fd, int which, PyObject *callback)
     return set_io_handle(self, fd, which, h, 0);
 }
 
-int
+HandleObject *
 tl_loop_add_io_oneshot(LoopObject *self, int fd, int which, PyObject *callback)
 {
     if (check_closed(self) < 0 || check_fork(self) < 0)
-        return -1;
+        return NULL;
     tl_state *st = self->state;
     HandleObject *h = tl_handle_new(st, st->HandleType, self, callback, NULL,
                                     0, NULL, 1);
     if (h == NULL)
-        return -1;
-    return set_io_handle(self, fd, which, h, 1);
+        return NULL;
+    Py_INCREF(h);
+    if (set_io_handle(self, fd, which, h, 1) < 0) {
+        Py_DECREF(h);
+        return NULL;
+    }
+    return h;
 }
 
 int

@@ -25,6 +25,7 @@ typedef struct {
     PyObject *data;             /* recv_into buffer / sendall data */
     PyObject *fut;
     PyObject *ready_cb;         /* bound self._ready, the fd callback */
+    HandleObject *handle;       /* our registration; cancelled if replaced */
     Py_buffer view;
     Py_ssize_t nbytes;          /* recv size */
     Py_ssize_t pos;             /* sendall progress */
@@ -157,6 +158,8 @@ op_release(SockOpObject *self)
     }
 }
 
+/* Stop watching the fd, unless another operation has taken it over in the
+ * meantime (asyncio's _sock_read_done checks its handle the same way). */
 static int
 op_unregister(SockOpObject *self)
 {
@@ -164,7 +167,25 @@ op_unregister(SockOpObject *self)
         return 0;
     int which = self->registered;
     self->registered = 0;
-    return tl_loop_remove_io(self->loop, self->fd, which) < 0 ? -1 : 0;
+    HandleObject *h = self->handle;
+    self->handle = NULL;
+    int rc = 0;
+    if (h == NULL || !h->cancelled)
+        rc = tl_loop_remove_io(self->loop, self->fd, which) < 0 ? -1 : 0;
+    Py_XDECREF(h);
+    return rc;
+}
+
+static int
+op_register(SockOpObject *self, int which)
+{
+    HandleObject *h = tl_loop_add_io_oneshot(self->loop, self->fd, which,
+                                             self->ready_cb);
+    if (h == NULL)
+        return -1;
+    Py_XSETREF(self->handle, h);
+    self->registered = which;
+    return 0;
 }
 
 /* The fd is ready: retry, and resolve the future when done. */
@@ -188,8 +209,7 @@ op_ready(SockOpObject *self, PyObject *Py_UNUSED(ignored))
     PyObject *res = op_attempt(self);
     if (res == ATTEMPT_BLOCKED) {
         /* A spurious wakeup: the one-shot interest is spent, arm it again. */
-        if (tl_loop_add_io_oneshot(self->loop, self->fd, self->registered,
-                                   self->ready_cb) < 0)
+        if (op_register(self, self->registered) < 0)
             return NULL;
         Py_RETURN_NONE;
     }
@@ -356,15 +376,14 @@ op_step(SockOpObject *self, PyObject **out)
     int which = (self->kind == OP_SENDALL) ? TL_POLL_WRITE : TL_POLL_READ;
     if (self->ready_cb == NULL)
         self->ready_cb = PyObject_GetAttrString((PyObject *)self, "_ready");
-    if (self->ready_cb == NULL ||
-        tl_loop_add_io_oneshot(self->loop, self->fd, which, self->ready_cb) < 0 ||
+    if (self->ready_cb == NULL || op_register(self, which) < 0 ||
         PyObject_SetAttr(fut, self->loop->state->str_future_blocking,
                          Py_True) < 0) {
+        op_unregister(self);
         Py_DECREF(fut);
         op_release(self);
         return STEP_ERROR;
     }
-    self->registered = which;
     self->fut = fut;
     self->state = ST_WAITING;
     *out = Py_NewRef(fut);
@@ -477,6 +496,7 @@ op_traverse(SockOpObject *self, visitproc visit, void *arg)
     Py_VISIT(self->data);
     Py_VISIT(self->fut);
     Py_VISIT(self->ready_cb);
+    Py_VISIT(self->handle);
     return 0;
 }
 
@@ -488,6 +508,7 @@ op_clear(SockOpObject *self)
     Py_CLEAR(self->data);
     Py_CLEAR(self->fut);
     Py_CLEAR(self->ready_cb);
+    Py_CLEAR(self->handle);
     Py_CLEAR(self->loop);
     return 0;
 }
