@@ -55,7 +55,7 @@ typedef struct {
     int paused;                 /* pause_reading() */
     int eof;                    /* write_eof() */
     int protocol_paused;        /* pause_writing() was called */
-    int reader_on, writer_on;
+    int watching;               /* TL_POLL_READ | TL_POLL_WRITE registered */
 
     struct sockaddr_storage local_addr, peer_addr;
     socklen_t local_len, peer_len;
@@ -92,8 +92,9 @@ tr_get_sock(SocketTransportObject *self)
     return s;
 }
 
-static int tr_remove_reader(SocketTransportObject *self);
-static int tr_remove_writer(SocketTransportObject *self);
+static int tr_watch(SocketTransportObject *self, int which, int on);
+#define tr_remove_reader(self) tr_watch((self), TL_POLL_READ, 0)
+#define tr_remove_writer(self) tr_watch((self), TL_POLL_WRITE, 0)
 
 static void
 tr_close_socket(SocketTransportObject *self)
@@ -119,45 +120,27 @@ tr_close_socket(SocketTransportObject *self)
 
 /* ---- loop registration ---- */
 
+/* Start (on) or stop watching the fd for one direction. */
 static int
-tr_add_reader(SocketTransportObject *self)
+tr_watch(SocketTransportObject *self, int which, int on)
 {
-    if (self->fd < 0)
+    if (self->fd < 0 || (!on && !(self->watching & which)))
         return 0;
-    if (tl_loop_add_io(self->loop, self->fd, TL_POLL_READ, self->read_ready) < 0)
+    if (!on) {
+        self->watching &= ~which;
+        return tl_loop_remove_io(self->loop, self->fd, which) < 0 ? -1 : 0;
+    }
+    PyObject *cb = which == TL_POLL_READ ? self->read_ready : self->write_ready;
+    if (tl_loop_add_io(self->loop, self->fd, which, cb) < 0)
         return -1;
-    self->reader_on = 1;
+    self->watching |= which;
     return 0;
 }
 
-static int
-tr_remove_reader(SocketTransportObject *self)
-{
-    if (self->fd < 0 || !self->reader_on)
-        return 0;
-    self->reader_on = 0;
-    return tl_loop_remove_io(self->loop, self->fd, TL_POLL_READ) < 0 ? -1 : 0;
-}
-
-static int
-tr_add_writer(SocketTransportObject *self)
-{
-    if (self->fd < 0)
-        return 0;
-    if (tl_loop_add_io(self->loop, self->fd, TL_POLL_WRITE, self->write_ready) < 0)
-        return -1;
-    self->writer_on = 1;
-    return 0;
-}
-
-static int
-tr_remove_writer(SocketTransportObject *self)
-{
-    if (self->fd < 0 || !self->writer_on)
-        return 0;
-    self->writer_on = 0;
-    return tl_loop_remove_io(self->loop, self->fd, TL_POLL_WRITE) < 0 ? -1 : 0;
-}
+#define tr_add_reader(self) tr_watch((self), TL_POLL_READ, 1)
+#define tr_remove_reader(self) tr_watch((self), TL_POLL_READ, 0)
+#define tr_add_writer(self) tr_watch((self), TL_POLL_WRITE, 1)
+#define tr_remove_writer(self) tr_watch((self), TL_POLL_WRITE, 0)
 
 /* ---- write queue ---- */
 
@@ -1184,8 +1167,8 @@ tr_repr(SocketTransportObject *self)
                                     state, self->fd);
     return PyUnicode_FromFormat("<%s%s fd=%d read=%s write=<%s, bufsize=%zd>>",
                                 _PyType_Name(Py_TYPE(self)), state, self->fd,
-                                self->reader_on ? "polling" : "idle",
-                                self->writer_on ? "polling" : "idle",
+                                (self->watching & TL_POLL_READ) ? "polling" : "idle",
+                                (self->watching & TL_POLL_WRITE) ? "polling" : "idle",
                                 self->buffer_size);
 }
 
