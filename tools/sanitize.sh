@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Run the test suite against an ASan+UBSan build of the extension.
+#
+# The extension is built with -fsanitize=address,undefined in a scratch copy
+# of the tree (the checkout's own build is left alone), the sanitizer
+# runtimes are preloaded into the interpreter, and PYTHONMALLOC=malloc lets
+# ASan see every Python allocation.  Any report aborts the process, so the
+# run fails.  Leak detection is off: the interpreter itself does not free
+# everything at exit (tests/test_leak*.py check our leaks instead).
+#
+#   bash tools/sanitize.sh                 # the whole suite
+#   bash tools/sanitize.sh -k tideloop     # extra pytest arguments
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY="${PYTHON:-python3}"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+cp -r "$ROOT/src" "$ROOT/tests" "$ROOT/setup.py" "$ROOT/pyproject.toml" \
+      "$ROOT/README.md" "$WORK/"
+cd "$WORK"
+find src -name '*.so' -delete
+TIDELOOP_SANITIZE=1 TIDELOOP_DEV=1 "$PY" setup.py -q build_ext --inplace
+nm -D src/tideloop/_core*.so > symbols.txt
+grep -q __asan_ symbols.txt || { echo "not an ASan build"; exit 1; }
+
+export LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
+export PYTHONMALLOC=malloc
+export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+set +e
+PYTHONPATH=src "$PY" -m pytest tests -q -p no:cacheprovider "$@" 2>&1 | tee log.txt
+rc=${PIPESTATUS[0]}
+set -e
+if grep -qE "ERROR: AddressSanitizer|runtime error:" log.txt; then
+    echo "sanitizer reports found"
+    exit 1
+fi
+exit "$rc"
