@@ -1094,6 +1094,9 @@ tr_get_extra_info(SocketTransportObject *self, PyObject *const *args,
                         "get_extra_info() takes name and an optional default");
         return NULL;
     }
+    /* asyncio looks the name up in a dict: unhashable names raise. */
+    if (PyObject_Hash(name) == -1)
+        return NULL;
     if (self->head.extra != NULL) {
         PyObject *v = PyDict_GetItemWithError(self->head.extra, name);
         if (v != NULL)

@@ -1,0 +1,179 @@
+"""API fuzzing (issue #4): public loop, handle and transport methods called
+with wrong types, huge and negative numbers, NaN, closed objects and
+re-entrant calls.  The only acceptable outcomes are a return value or one of
+the exceptions asyncio itself raises for bad input -- never a crash.
+
+TIDELOOP_FUZZ_EXAMPLES sets the number of examples (CI: the default 60).
+"""
+import asyncio
+import math
+import os
+import socket
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+EXAMPLES = int(os.environ.get("TIDELOOP_FUZZ_EXAMPLES", "60"))
+
+ACCEPTABLE = (TypeError, ValueError, RuntimeError, OSError, OverflowError,
+              AttributeError, NotImplementedError, KeyError, IndexError,
+              asyncio.InvalidStateError)
+
+
+def _noop(*args):
+    return None
+
+
+async def _coro():
+    return None
+
+
+WEIRD = st.sampled_from([
+    None, 0, -1, 1, 2 ** 63, -(2 ** 63), 2 ** 200, 1.5, -1.5, math.nan,
+    math.inf, -math.inf, "str", b"bytes", bytearray(b"ba"), memoryview(b"mv"),
+    (), [], {}, object(), _noop, print, len, int, type, Exception("x"),
+    socket.SOCK_STREAM, 10 ** 6, "127.0.0.1",
+])
+
+LOOP_METHODS = [
+    "call_soon", "call_soon_threadsafe", "call_later", "call_at", "time",
+    "stop", "is_running", "is_closed", "get_debug", "set_debug",
+    "add_reader", "remove_reader", "add_writer", "remove_writer",
+    "create_future", "create_task", "set_task_factory", "get_task_factory",
+    "set_exception_handler", "get_exception_handler",
+    "call_exception_handler", "default_exception_handler",
+    "add_signal_handler", "remove_signal_handler", "run_in_executor",
+    "set_default_executor", "sock_recv", "sock_recv_into", "sock_sendall",
+    "sock_accept",
+]
+
+
+def _loops():
+    import tideloop
+    return [("asyncio", asyncio.SelectorEventLoop),
+            ("tideloop", tideloop.new_event_loop)]
+
+
+def _call(loop, name, args, kwargs):
+    method = getattr(loop, name)
+    try:
+        result = method(*args, **kwargs)
+    except ACCEPTABLE:
+        return "raised"
+    # Coroutines / awaitables: drive them one step and close them.
+    if hasattr(result, "send") and hasattr(result, "close"):
+        try:
+            result.send(None)
+        except StopIteration:
+            pass
+        except ACCEPTABLE:
+            pass
+        finally:
+            result.close()
+    elif asyncio.isfuture(result):
+        result.cancel()
+    return "returned"
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(name=st.sampled_from(LOOP_METHODS),
+       args=st.lists(WEIRD, max_size=4),
+       kw=st.dictionaries(st.sampled_from(["context", "name", "n", "sock"]),
+                          WEIRD, max_size=1),
+       closed=st.booleans())
+def test_loop_methods_with_bad_input(name, args, kw, closed):
+    for _, factory in _loops():
+        loop = factory()
+        try:
+            if closed:
+                loop.close()
+            _call(loop, name, args, kw)
+            if not loop.is_closed():
+                # Whatever was scheduled runs (and fails) without a crash.
+                loop.set_exception_handler(lambda lp, ctx: None)
+                loop.call_soon(loop.stop)
+                try:
+                    loop.run_forever()
+                except ACCEPTABLE:
+                    pass
+        finally:
+            try:
+                for sig in list(getattr(loop, "_signal_handlers", {})):
+                    loop.remove_signal_handler(sig)
+            except ACCEPTABLE:
+                pass
+            loop.close()
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(ops=st.lists(st.sampled_from(
+    ["cancel", "cancel", "when", "repr", "cancelled", "run_loop",
+     "close_loop", "hash", "compare"]), max_size=8))
+def test_handles_in_any_state(ops):
+    for _, factory in _loops():
+        loop = factory()
+        handles = [loop.call_soon(_noop), loop.call_later(0.001, _noop),
+                   loop.call_at(loop.time() + 1000, _noop)]
+        for op in ops:
+            for h in handles:
+                if op == "cancel":
+                    h.cancel()
+                elif op == "when" and hasattr(h, "when"):
+                    h.when()
+                elif op == "repr":
+                    repr(h)
+                elif op == "cancelled":
+                    h.cancelled()
+                elif op == "hash" and hasattr(h, "when"):
+                    hash(h)
+                elif op == "compare" and hasattr(h, "when"):
+                    try:
+                        h < handles[1]
+                    except TypeError:
+                        pass
+            if op == "run_loop" and not loop.is_closed():
+                loop.call_soon(loop.stop)
+                loop.run_forever()
+            elif op == "close_loop":
+                loop.close()
+        loop.close()
+
+
+def _transport_outcomes(loop, bad):
+    a, b = socket.socketpair()
+
+    async def main():
+        tr, pr = await loop.create_connection(asyncio.Protocol, sock=a)
+        outcomes = []
+        for name, args in [("write", (bad,)), ("writelines", (bad,)),
+                           ("set_write_buffer_limits", (bad,)),
+                           ("get_extra_info", (bad,)), ("set_protocol", (bad,))]:
+            try:
+                getattr(tr, name)(*args)
+                outcomes.append((name, "ok"))
+            except ACCEPTABLE as exc:
+                outcomes.append((name, type(exc).__name__))
+        tr.abort()
+        tr.abort()
+        tr.close()
+        for name in ("write", "write_eof", "pause_reading", "resume_reading"):
+            try:
+                getattr(tr, name)(*((b"x",) if name == "write" else ()))
+            except ACCEPTABLE:
+                pass
+        await asyncio.sleep(0.01)
+        return outcomes
+
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        b.close()
+        loop.close()
+
+
+@pytest.mark.parametrize("bad", [None, "str", 1.5, object(), [b"a", 1], -5])
+def test_transport_methods_with_bad_input(bad):
+    """The same exception types as asyncio's transport, method by method."""
+    results = {name: _transport_outcomes(factory(), bad)
+               for name, factory in _loops()}
+    assert results["tideloop"] == results["asyncio"]
