@@ -571,3 +571,22 @@ def test_cancelled_recv_does_not_unregister_its_successor(loop):
     finally:
         a.close()
         b.close()
+
+
+def test_ssl_socket_refused(loop):
+    """sock_* refuse an ssl.SSLSocket with asyncio's TypeError."""
+    import ssl
+
+    ctx = ssl.create_default_context()
+    raw = socket.socket()
+    sslsock = ctx.wrap_socket(raw, do_handshake_on_connect=False,
+                              server_hostname="localhost")
+    sslsock.setblocking(False)
+    try:
+        for call in (lambda: loop.sock_recv(sslsock, 10),
+                     lambda: loop.sock_sendall(sslsock, b"x"),
+                     lambda: loop.sock_recv_into(sslsock, bytearray(4))):
+            with pytest.raises(TypeError, match="Socket cannot be of type SSLSocket"):
+                loop.run_until_complete(call())
+    finally:
+        sslsock.close()

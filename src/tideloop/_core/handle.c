@@ -295,11 +295,73 @@ done:
     return rc;
 }
 
+/* Pieces shared by the plain and the batched run. */
+
+static inline PyObject *const *
+handle_callargs(HandleObject *h)
+{
+    return h->args_tuple != NULL ? &PyTuple_GET_ITEM(h->args_tuple, 0)
+                                 : h->argv;
+}
+
+/* Make the shared Context hold h's snapshot (consecutive callbacks mostly
+ * share one, so usually nothing changes).  1 if the variables changed. */
+static inline int
+install_snapshot(PyObject *rc, HandleObject *h)
+{
+    if (CTX(rc)->ctx_vars == h->ctx_vars)
+        return 0;
+    Py_INCREF(h->ctx_vars);
+    Py_SETREF(CTX(rc)->ctx_vars, h->ctx_vars);
+    return 1;
+}
+
+/* After the call, outside the callback's context: SystemExit and
+ * KeyboardInterrupt propagate (-1), anything else goes to the exception
+ * handler as asyncio's Handle._run does. */
+static inline int
+handle_finish(HandleObject *h, PyObject *res)
+{
+    int rc = 0;
+    if (res != NULL) {
+        Py_DECREF(res);
+    }
+    else if (PyErr_ExceptionMatches(PyExc_SystemExit) ||
+             PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+        rc = -1;
+    }
+    else {
+        PyObject *t = handle_args_tuple(h);
+        rc = t ? handle_report_error(h, h->callback, t) : -1;
+        Py_XDECREF(t);
+    }
+    /* While running, cancel() left callback and arguments in place (they
+     * were borrowed by the call); drop them now. */
+    h->running = 0;
+    if (h->cancelled)
+        handle_clear_call(h);
+    return rc;
+}
+
+/* If anything beyond `expected` references keeps the shared Context (a Token
+ * from ContextVar.set, say), give it away and use a fresh one from now on,
+ * so its identity is never shared between callbacks. */
+static int
+renew_shared_if_kept(LoopObject *loop, PyObject *ctx, Py_ssize_t expected)
+{
+    if (ctx != loop->run_ctx || Py_REFCNT(ctx) <= expected)
+        return 0;
+    PyObject *fresh = PyContext_New();
+    if (fresh == NULL)
+        return -1;
+    Py_SETREF(loop->run_ctx, fresh);
+    return 0;
+}
+
 int
 tl_handle_run(HandleObject *h)
 {
-    PyObject *callback = h->callback;
-    if (callback == NULL || h->running)
+    if (h->callback == NULL || h->running)
         return 0;
     LoopObject *loop = h->loop;
     PyObject *ctx = h->context;
@@ -308,11 +370,7 @@ tl_handle_run(HandleObject *h)
     if (ctx == NULL) {
         PyObject *rc = loop->run_ctx;
         if (rc != NULL && !CTX(rc)->ctx_entered) {
-            /* Consecutive callbacks mostly share one snapshot. */
-            if (CTX(rc)->ctx_vars != h->ctx_vars) {
-                Py_INCREF(h->ctx_vars);
-                Py_SETREF(CTX(rc)->ctx_vars, h->ctx_vars);
-            }
+            install_snapshot(rc, h);
             ctx = rc;
             shared = 1;
         }
@@ -323,49 +381,17 @@ tl_handle_run(HandleObject *h)
                 return -1;
         }
     }
-    PyObject *const *callargs = h->args_tuple != NULL
-                                    ? &PyTuple_GET_ITEM(h->args_tuple, 0)
-                                    : h->argv;
-    Py_ssize_t nargs = h->nargs;
-
-    /* While running, cancel() leaves callback and arguments in place (they
-     * are borrowed by this call); they are dropped afterwards. */
     h->running = 1;
-    int rc = 0;
     PyObject *res = NULL;
     if (PyContext_Enter(ctx) == 0) {
-        res = PyObject_Vectorcall(callback, callargs, nargs, NULL);
+        res = PyObject_Vectorcall(h->callback, handle_callargs(h), h->nargs,
+                                  NULL);
         if (PyContext_Exit(ctx) < 0)
             Py_CLEAR(res);
     }
-    if (res != NULL) {
-        Py_DECREF(res);
-    }
-    else if (PyErr_ExceptionMatches(PyExc_SystemExit) ||
-             PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+    int rc = handle_finish(h, res);
+    if (shared && renew_shared_if_kept(loop, ctx, 1) < 0)
         rc = -1;
-    }
-    else {
-        PyObject *t = handle_args_tuple(h);
-        if (t == NULL) {
-            rc = -1;
-        }
-        else {
-            rc = handle_report_error(h, callback, t);
-            Py_DECREF(t);
-        }
-    }
-    h->running = 0;
-    if (h->cancelled)
-        handle_clear_call(h);
-    if (shared && ctx == loop->run_ctx && Py_REFCNT(ctx) > 1) {
-        /* Someone kept the shared Context (a Token, say): give it away and
-         * use a fresh one from now on. */
-        PyObject *fresh = PyContext_New();
-        if (fresh == NULL)
-            return -1;
-        Py_SETREF(loop->run_ctx, fresh);
-    }
     Py_XDECREF(owned_ctx);
     return rc;
 }
@@ -407,50 +433,24 @@ tl_handle_run_batched(HandleObject *h, int *entered)
     if (!*entered) {
         if (CTX(rc)->ctx_entered)
             return tl_handle_run(h);    /* nested iteration */
-        if (CTX(rc)->ctx_vars != h->ctx_vars) {
-            Py_INCREF(h->ctx_vars);
-            Py_SETREF(CTX(rc)->ctx_vars, h->ctx_vars);
-        }
+        install_snapshot(rc, h);
         if (PyContext_Enter(rc) < 0)
             return -1;
         *entered = 1;
     }
-    else if (CTX(rc)->ctx_vars != h->ctx_vars) {
-        Py_INCREF(h->ctx_vars);
-        Py_SETREF(CTX(rc)->ctx_vars, h->ctx_vars);
-        ts->context_ver++;
+    else if (install_snapshot(rc, h)) {
+        ts->context_ver++;              /* ContextVar caches must see it */
     }
-    PyObject *const *callargs = h->args_tuple != NULL
-                                    ? &PyTuple_GET_ITEM(h->args_tuple, 0)
-                                    : h->argv;
     h->running = 1;
-    PyObject *res = PyObject_Vectorcall(h->callback, callargs, h->nargs, NULL);
-    h->running = 0;
-    int ret = 0;
-    if (res != NULL) {
-        Py_DECREF(res);
-    }
-    else {
-        tl_batch_exit(loop, entered);
-        if (PyErr_ExceptionMatches(PyExc_SystemExit) ||
-            PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
-            ret = -1;
-        }
-        else {
-            PyObject *t = handle_args_tuple(h);
-            ret = t ? handle_report_error(h, h->callback, t) : -1;
-            Py_XDECREF(t);
-        }
-    }
-    if (h->cancelled)
-        handle_clear_call(h);
+    PyObject *res = PyObject_Vectorcall(h->callback, handle_callargs(h),
+                                        h->nargs, NULL);
+    if (res == NULL)
+        tl_batch_exit(loop, entered);   /* report outside the callback */
+    int ret = handle_finish(h, res);
     if (rc == loop->run_ctx && Py_REFCNT(rc) > (*entered ? 2 : 1)) {
-        /* Someone kept the shared Context (a Token, say). */
         tl_batch_exit(loop, entered);
-        PyObject *fresh = PyContext_New();
-        if (fresh == NULL)
+        if (renew_shared_if_kept(loop, rc, 1) < 0)
             return -1;
-        Py_SETREF(loop->run_ctx, fresh);
     }
     return ret;
 }

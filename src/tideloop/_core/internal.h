@@ -13,8 +13,6 @@
 /* Arguments up to this count live inside the handle: no tuple per call. */
 #define TL_INLINE_ARGS 3
 #define TL_HANDLE_FREELIST_MAX 1024
-/* What one recv() asks for, as asyncio's max_size. */
-#define TL_READBUF_SIZE (256 * 1024)
 /* Transports receive into a bytes object of TL_SPARE_SIZE; reads at least
  * TL_HANDOVER_MIN long are handed over in it (shrunk in place), shorter ones
  * are copied out.  The size stays under glibc's default mmap threshold
@@ -50,6 +48,7 @@ typedef struct {
     PyObject *BufferedProtocol;       /* asyncio.BufferedProtocol */
     PyObject *TransportSocket;        /* asyncio.trsock.TransportSocket */
     PyObject *socket_socket;          /* socket.socket */
+    PyObject *SSLSocket;              /* ssl.SSLSocket, imported on first need */
     PyObject *set_result_unless_cancelled;  /* asyncio.futures */
     PyObject *sendfile_try_native;    /* constants._SendfileMode.TRY_NATIVE */
     PyObject *set_asyncgen_hooks;     /* sys.set_asyncgen_hooks */
@@ -68,7 +67,6 @@ typedef struct {
     PyObject *str_asyncgen_finalizer_hook;
     PyObject *str_set_coroutine_origin_tracking;
     PyObject *str_remove_signal_handler;
-    PyObject *str_warning;
     PyObject *str_set_running_loop;
     PyObject *str_data_received;
     PyObject *str_done;
@@ -172,8 +170,7 @@ struct LoopObject {
     tl_poll_event *events;
     int events_cap;
 
-    char *readbuf;               /* shared receive buffer, TL_READBUF_SIZE */
-    PyObject *spare_bytes;       /* a TL_READBUF_SIZE bytes object that
+    PyObject *spare_bytes;       /* a TL_SPARE_SIZE bytes object that
                                     transports receive into (see stream.c) */
 
     double clock_resolution;
@@ -250,7 +247,6 @@ PyObject *tl_loop_call_later(LoopObject *loop, double delay,
                              PyObject *callback);
 int tl_loop_set_fd_transport(LoopObject *loop, int fd, tl_transport_head *t);
 void tl_loop_clear_fd_transport(LoopObject *loop, int fd, tl_transport_head *t);
-char *tl_loop_readbuf(LoopObject *loop);
 int tl_loop_check_closed(LoopObject *loop);
 int tl_loop_check_fd_transport(LoopObject *loop, int fd);
 PyObject *tl_loop_create_future(LoopObject *loop);

@@ -1143,17 +1143,6 @@ tl_loop_clear_fd_transport(LoopObject *self, int fd, tl_transport_head *t)
         self->fds[fd].transport = NULL;
 }
 
-char *
-tl_loop_readbuf(LoopObject *self)
-{
-    if (self->readbuf == NULL) {
-        self->readbuf = PyMem_Malloc(TL_READBUF_SIZE);
-        if (self->readbuf == NULL)
-            PyErr_NoMemory();
-    }
-    return self->readbuf;
-}
-
 int
 tl_loop_check_closed(LoopObject *self)
 {
@@ -1728,7 +1717,6 @@ loop_dealloc(LoopObject *self)
         close(self->signal_wfd);
     }
     PyMem_Free(self->ready);
-    PyMem_Free(self->readbuf);
     PyMem_Free(self->fds);
     PyMem_Free(self->events);
     tl_heap_free(&self->timers);

@@ -159,7 +159,6 @@ core_exec(PyObject *m)
         intern(&st->str_set_coroutine_origin_tracking,
                "_set_coroutine_origin_tracking") < 0 ||
         intern(&st->str_remove_signal_handler, "remove_signal_handler") < 0 ||
-        intern(&st->str_warning, "warning") < 0 ||
         intern(&st->str_set_running_loop, "_set_running_loop") < 0 ||
         intern(&st->str_data_received, "data_received") < 0 ||
         intern(&st->str_done, "done") < 0 ||
@@ -203,6 +202,7 @@ core_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->BufferedProtocol);
     Py_VISIT(st->TransportSocket);
     Py_VISIT(st->socket_socket);
+    Py_VISIT(st->SSLSocket);
     Py_VISIT(st->set_result_unless_cancelled);
     Py_VISIT(st->sendfile_try_native);
     Py_VISIT(st->Future);
@@ -236,6 +236,7 @@ core_clear(PyObject *m)
     Py_CLEAR(st->BufferedProtocol);
     Py_CLEAR(st->TransportSocket);
     Py_CLEAR(st->socket_socket);
+    Py_CLEAR(st->SSLSocket);
     Py_CLEAR(st->set_result_unless_cancelled);
     Py_CLEAR(st->sendfile_try_native);
     Py_CLEAR(st->Future);
@@ -265,7 +266,6 @@ core_clear(PyObject *m)
     Py_CLEAR(st->str_asyncgen_finalizer_hook);
     Py_CLEAR(st->str_set_coroutine_origin_tracking);
     Py_CLEAR(st->str_remove_signal_handler);
-    Py_CLEAR(st->str_warning);
     Py_CLEAR(st->str_set_running_loop);
     Py_CLEAR(st->str_data_received);
     Py_CLEAR(st->str_done);

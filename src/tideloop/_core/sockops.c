@@ -247,17 +247,22 @@ check_socket(SockOpObject *self)
 {
     tl_state *st = self->loop->state;
     if (Py_TYPE(self->sock) != (PyTypeObject *)st->socket_socket) {
-        PyObject *ssl = PyImport_ImportModule("ssl");
-        if (ssl == NULL) {
-            PyErr_Clear();
+        /* ssl.SSLSocket, looked up once (None where ssl is unavailable). */
+        if (st->SSLSocket == NULL) {
+            PyObject *ssl = PyImport_ImportModule("ssl");
+            if (ssl == NULL) {
+                PyErr_Clear();
+                st->SSLSocket = Py_NewRef(Py_None);
+            }
+            else {
+                st->SSLSocket = PyObject_GetAttrString(ssl, "SSLSocket");
+                Py_DECREF(ssl);
+                if (st->SSLSocket == NULL)
+                    return -1;
+            }
         }
-        else {
-            PyObject *cls = PyObject_GetAttrString(ssl, "SSLSocket");
-            Py_DECREF(ssl);
-            if (cls == NULL)
-                return -1;
-            int is_ssl = PyObject_IsInstance(self->sock, cls);
-            Py_DECREF(cls);
+        if (st->SSLSocket != Py_None) {
+            int is_ssl = PyObject_IsInstance(self->sock, st->SSLSocket);
             if (is_ssl < 0)
                 return -1;
             if (is_ssl) {

@@ -1022,6 +1022,19 @@ tr_get_protocol(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
     return Py_NewRef(self->protocol ? self->protocol : Py_None);
 }
 
+/* The address as the socket module shows it, converted once. */
+static PyObject *
+cached_address(PyObject **cache, struct sockaddr_storage *addr, socklen_t len)
+{
+    if (*cache == NULL) {
+        *cache = len ? tl_sockaddr_to_py((struct sockaddr *)addr, len)
+                     : Py_NewRef(Py_None);
+        if (*cache == NULL)
+            return NULL;
+    }
+    return Py_NewRef(*cache);
+}
+
 static PyObject *
 tr_extra_value(SocketTransportObject *self, const char *name)
 {
@@ -1040,28 +1053,12 @@ tr_extra_value(SocketTransportObject *self, const char *name)
         }
         return Py_NewRef(self->transport_socket);
     }
-    if (strcmp(name, "sockname") == 0) {
-        if (self->sockname == NULL) {
-            self->sockname = self->local_len
-                ? tl_sockaddr_to_py((struct sockaddr *)&self->local_addr,
-                                    self->local_len)
-                : Py_NewRef(Py_None);
-            if (self->sockname == NULL)
-                return NULL;
-        }
-        return Py_NewRef(self->sockname);
-    }
-    if (strcmp(name, "peername") == 0) {
-        if (self->peername == NULL) {
-            self->peername = self->peer_len
-                ? tl_sockaddr_to_py((struct sockaddr *)&self->peer_addr,
-                                    self->peer_len)
-                : Py_NewRef(Py_None);
-            if (self->peername == NULL)
-                return NULL;
-        }
-        return Py_NewRef(self->peername);
-    }
+    if (strcmp(name, "sockname") == 0)
+        return cached_address(&self->sockname, &self->local_addr,
+                              self->local_len);
+    if (strcmp(name, "peername") == 0)
+        return cached_address(&self->peername, &self->peer_addr,
+                              self->peer_len);
     return NULL;
 }
 
