@@ -15,7 +15,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY="${PYTHON:-python3}"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-cp -r "$ROOT/src" "$ROOT/tests" "$ROOT/setup.py" "$ROOT/pyproject.toml" \
+cp -r "$ROOT/src" "$ROOT/tests" "$ROOT/stress" "$ROOT/setup.py" "$ROOT/pyproject.toml" \
       "$ROOT/README.md" "$WORK/"
 cd "$WORK"
 find src -name '*.so' -delete
@@ -25,6 +25,7 @@ grep -q __asan_ symbols.txt || { echo "not an ASan build"; exit 1; }
 
 export LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
 export PYTHONMALLOC=malloc
+export TIDELOOP_SANITIZE_RUN=1   # stress sizes scaled down (ASan is slower)
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 set +e

@@ -150,6 +150,10 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
                               f"removal", ResourceWarning, source=self)
                 self._signal_handlers.clear()
                 self._restore_wakeup_fd()
+        # Servers' listening sockets belong to their Server objects: stop
+        # accepting and let go of them, as the stock loop drops its selector.
+        for listener in self.__dict__.pop("_listeners", {}).values():
+            listener.close()
         super().close()
         self._signal_pipe_close()
         self._executor_shutdown_called = True

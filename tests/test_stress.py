@@ -1,0 +1,128 @@
+"""Stress scenarios (issue #4) at their quick size, on stock asyncio and tideloop.
+
+Each test runs one scenario of stress/run.py in a child process (the runner
+itself starts the scenario's own children: clients, a signal flooder) and
+checks the figures it reports.  The watchdog only covers this process, so the
+child gets its own timeout below it.  With TIDELOOP_SANITIZE_RUN=1 (set by
+tools/sanitize.sh, where everything is 5-10x slower) the sizes are scaled
+down 10x.
+
+test_scenario_detects_a_broken_loop runs each scenario on a stock loop with a
+planted bug (--sabotage) and checks the scenario reports it: none of these
+tests can pass on a loop that drops a callback, corrupts a byte, leaks an fd,
+never pauses a writer, loses signals or swallows an EMFILE report.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import child_env
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNER = ROOT / "stress" / "run.py"
+sys.path.insert(0, str(RUNNER.parent))
+import run as stress_run  # noqa: E402  (the sizes the runner uses)
+
+SANITIZE = os.environ.get("TIDELOOP_SANITIZE_RUN") == "1"
+SCALE = 0.1 if SANITIZE else 1.0
+CHILD_TIMEOUT = 27  # below the 30 s watchdog
+SZ = stress_run.sizes("quick", SCALE)
+
+
+def run_stress(tmp_path, loop_name, scenario, *extra, scale=SCALE):
+    out = tmp_path / "stress.json"
+    p = subprocess.run(
+        [sys.executable, str(RUNNER), "--quick", "--loop", loop_name,
+         "--only", scenario, "--scale", str(scale), "--json", str(out), *extra],
+        capture_output=True, text=True, timeout=CHILD_TIMEOUT, env=child_env(),
+        cwd=ROOT)
+    assert out.exists(), f"no result (exit {p.returncode}):\n{p.stdout}\n{p.stderr}"
+    (res,) = json.loads(out.read_text())["results"]
+    return p, res
+
+
+def check_clean(p, res):
+    assert not res["skipped"], res["skipped"]
+    assert res["errors"] == [], "\n".join(res["errors"]) + "\n" + res.get("stderr_tail", "")
+    assert p.returncode == 0, p.stderr
+
+
+def test_10k_concurrent_connections(tmp_path, loop_name):
+    p, res = run_stress(tmp_path, loop_name, "a")
+    check_clean(p, res)
+    n = SZ["a_conns"]
+    assert res["conns"] == n and res["details"]["server_peak"] == n
+    assert res["requests"] == n * SZ["a_rounds"]
+    assert res["bytes_sent"] == res["bytes_verified"] > n
+    assert res["details"]["clients_saw_eof"] == n
+
+
+def test_clients_reset_mid_write(tmp_path, loop_name):
+    p, res = run_stress(tmp_path, loop_name, "b")
+    check_clean(p, res)
+    assert res["faults"] == SZ["b_clients"]
+    assert res["conns"] == SZ["b_clients"] + 3
+    assert res["bytes_sent"] == res["bytes_verified"] == 3 * (SZ["b_payload"] + SZ["b_send"])
+    # stock asyncio calls the exception handler for none of the resets
+    assert res["handler_calls"] == []
+
+
+def test_peer_that_never_reads(tmp_path, loop_name):
+    p, res = run_stress(tmp_path, loop_name, "c")
+    check_clean(p, res)
+    d = res["details"]
+    assert d["pauses_idle"] >= SZ["c_conns"]
+    assert d["max_write_buffer"] <= d["high_water"] + (64 << 10)
+    assert res["bytes_sent"] == res["bytes_verified"] == (SZ["c_conns"] + 1) * SZ["c_total"]
+
+
+def test_emfile_on_accept(tmp_path, loop_name):
+    p, res = run_stress(tmp_path, loop_name, "d")
+    check_clean(p, res)
+    m = SZ["d_limit"] + SZ["d_extra"]
+    held = res["details"]["accepted_at_limit"]
+    assert 0 < held < m and res["faults"] == m - held
+    assert res["conns"] == m
+    assert res["requests"] == held * SZ["d_rounds"] + m
+    assert res["bytes_sent"] == res["bytes_verified"] > 0
+    assert res["handler_calls"] and all(
+        c.startswith("socket.accept() out of system resource: OSError(24,")
+        for c in res["handler_calls"]), res["handler_calls"]
+
+
+def test_call_soon_threadsafe_storm(tmp_path, loop_name):
+    p, res = run_stress(tmp_path, loop_name, "e")
+    check_clean(p, res)
+    assert res["requests"] == 2 * 8 * SZ["e_k"] + SZ["e_trials"]
+    assert res["details"]["wakeup_ms_max"] < 500
+
+
+def test_signal_flood_during_io(tmp_path, loop_name):
+    p, res = run_stress(tmp_path, loop_name, "f")
+    check_clean(p, res)
+    d = res["details"]
+    assert 0 < d["handled"] <= d["signals_sent"]
+    assert d["handled_during_io"] > 0
+    assert res["bytes_sent"] == res["bytes_verified"] >= SZ["f_bytes"]
+
+
+def test_close_loop_with_live_transports(tmp_path, loop_name):
+    p, res = run_stress(tmp_path, loop_name, "g")
+    check_clean(p, res)
+    d = res["details"]
+    assert d["fds_open_with_loop_alive"] == 0
+    warned = {k: v for k, v in d["resource_warnings"].items()
+              if k != "unclosed connected socket"}
+    assert warned == stress_run.expected_warnings(SZ["g_conns"])
+
+
+@pytest.mark.parametrize("scenario", list(stress_run.SCENARIOS))
+def test_scenario_detects_a_broken_loop(tmp_path, scenario):
+    """The stock loop with a planted bug must make the scenario fail."""
+    p, res = run_stress(tmp_path, "asyncio", scenario, "--sabotage", scale=0.2 * SCALE)
+    assert res["errors"], f"sabotaged scenario {scenario} found nothing: {res}"
+    assert p.returncode == 1
