@@ -77,6 +77,8 @@ op_attempt(SockOpObject *self)
     ssize_t n;
     switch (self->kind) {
     case OP_RECV: {
+        if (self->nbytes == 0)   /* socket.recv(0) makes no syscall */
+            return PyBytes_FromStringAndSize(NULL, 0);
         if (self->nbytes <= TL_SPARE_SIZE) {
             /* As the transports do: receive into the loop's spare bytes and
              * hand a large read over without copying (see stream.c). */
@@ -116,6 +118,8 @@ op_attempt(SockOpObject *self)
         return b;
     }
     case OP_RECV_INTO:
+        if (self->view.len == 0)   /* nor does recv_into() an empty buffer */
+            return PyLong_FromLong(0);
         do {
             n = recv(self->fd, self->view.buf, (size_t)self->view.len, 0);
         } while (n < 0 && errno == EINTR);
@@ -123,7 +127,9 @@ op_attempt(SockOpObject *self)
             return PyLong_FromSsize_t(n);
         break;
     case OP_SENDALL:
-        while (self->pos < self->view.len) {
+        /* At least one send(), as asyncio's sock.send(data) even for b"":
+         * its errors (a closed or unconnected socket) are the caller's. */
+        do {
             do {
                 n = send(self->fd, (char *)self->view.buf + self->pos,
                          (size_t)(self->view.len - self->pos), MSG_NOSIGNAL);
@@ -131,7 +137,7 @@ op_attempt(SockOpObject *self)
             if (n < 0)
                 goto error;
             self->pos += n;
-        }
+        } while (self->pos < self->view.len);
         Py_RETURN_NONE;
     case OP_ACCEPT: {
         struct sockaddr_storage addr;
