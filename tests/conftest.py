@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from loop_helpers import child_env
+
 LOOP_NAMES = ["asyncio", "tideloop"]
 SRC_DIR = Path(__file__).resolve().parents[1] / "src"
 
@@ -126,32 +128,6 @@ def new_loop():
     import tideloop
     return tideloop.new_event_loop()
 """
-
-
-def _tideloop_root():
-    """Where the tideloop under test comes from: the in-place build in src/
-    when there is one, else wherever the parent imports it (site-packages)."""
-    if list((SRC_DIR / "tideloop").glob("_core*.so")):
-        return SRC_DIR
-    import importlib.util
-
-    spec = importlib.util.find_spec("tideloop")
-    if spec is not None and spec.origin:
-        return Path(spec.origin).resolve().parents[1]
-    return SRC_DIR
-
-
-def child_env(extra=None):
-    env = dict(os.environ)
-    parts = [str(_tideloop_root())]
-    if env.get("PYTHONPATH"):
-        parts.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    env.pop("PYTHONASYNCIODEBUG", None)
-    env.pop("PYTHONDEVMODE", None)
-    if extra:
-        env.update(extra)
-    return env
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import child_env
+from loop_helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "stress" / "run.py"
