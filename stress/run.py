@@ -1161,11 +1161,17 @@ def helper_f_flooder(args):
 # ---------------------------------------------------------------------------
 # g. a loop closed with live transports and pending timers
 
-def warning_kind(msg):
+def warning_kind(msg, listen_addr=None):
     if "unclosed transport" in msg:
         return "unclosed transport"
     if msg.startswith("unclosed <socket.socket"):
-        return "unclosed connected socket" if "raddr=" in msg else "unclosed listening socket"
+        # A connected socket whose peer is already gone shows no raddr
+        # either, so the listening one is told by its address.
+        if listen_addr is not None:
+            listening = f"laddr={tuple(listen_addr)!r}" in msg and "raddr=" not in msg
+        else:
+            listening = "raddr=" not in msg
+        return "unclosed listening socket" if listening else "unclosed connected socket"
     if "unclosed event loop" in msg:
         return "unclosed event loop"
     if msg.startswith("unclosed resource"):  # uvloop's wording
@@ -1235,6 +1241,7 @@ def scenario_g(loop_name, res, sz, sabotage=False):
             loop.call_later(3600 + i, target.fire)
         await asyncio.sleep(0.1)
         held.update(srv=srv, clients=clients)
+        state["listen_addr"] = addr
 
     loop.run_until_complete(setup())
     # record from here: whatever close() or the collector emits counts
@@ -1261,8 +1268,8 @@ def scenario_g(loop_name, res, sz, sabotage=False):
         leaked_with_loop = open_fds() - before
     finally:
         wctx.__exit__(None, None, None)
-    kinds = collections.Counter(warning_kind(str(x.message)) for x in w
-                                if issubclass(x.category, ResourceWarning))
+    kinds = collections.Counter(warning_kind(str(x.message), state.get("listen_addr"))
+                                for x in w if issubclass(x.category, ResourceWarning))
     other = [f"{x.category.__name__}: {x.message}" for x in w
              if not issubclass(x.category, ResourceWarning)]
     # A recorded warning keeps its source (a transport, hence the loop)

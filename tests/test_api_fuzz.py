@@ -177,3 +177,98 @@ def test_transport_methods_with_bad_input(bad):
     results = {name: _transport_outcomes(factory(), bad)
                for name, factory in _loops()}
     assert results["tideloop"] == results["asyncio"]
+
+
+def _call_all(tr, calls, acceptable=ACCEPTABLE):
+    outcomes = []
+    for name, args in calls:
+        try:
+            getattr(tr, name)(*args)
+            outcomes.append((name, "ok"))
+        except acceptable as exc:
+            outcomes.append((name, type(exc).__name__))
+    return outcomes
+
+
+def _datagram_outcomes(loop, bad, connected):
+    reports = []
+    loop.set_exception_handler(
+        lambda lp, ctx: reports.append(
+            ("handler", ctx["message"], type(ctx.get("exception")).__name__)))
+
+    class Proto(asyncio.DatagramProtocol):
+        def error_received(self, exc):
+            reports.append(("error_received", type(exc).__name__))
+
+        def connection_lost(self, exc):
+            reports.append(("connection_lost", type(exc).__name__))
+
+    async def main():
+        kw = ({"remote_addr": ("127.0.0.1", 9)} if connected
+              else {"local_addr": ("127.0.0.1", 0)})
+        tr, pr = await loop.create_datagram_endpoint(Proto, **kw)
+        outcomes = _call_all(tr, [
+            ("sendto", (bad,)), ("sendto", (b"x", bad)),
+            ("set_write_buffer_limits", (bad,)), ("get_extra_info", (bad,)),
+            ("set_write_buffer_limits", (bad,))])
+        tr.abort()
+        tr.abort()
+        tr.close()
+        outcomes += _call_all(tr, [("sendto", (b"x",)), ("pause_reading", ()),
+                                   ("resume_reading", ())])
+        await asyncio.sleep(0.01)
+        return outcomes + reports
+
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("connected", [False, True])
+@pytest.mark.parametrize("bad", [None, "str", 1.5, object(), ("127.0.0.1",),
+                                 ("nohost.invalid", 1), -5])
+def test_datagram_transport_methods_with_bad_input(bad, connected):
+    """Datagram transports: asyncio's exceptions, or its error_received/
+    exception-handler path, method by method."""
+    results = {name: _datagram_outcomes(factory(), bad, connected)
+               for name, factory in _loops()}
+    assert results["tideloop"] == results["asyncio"]
+
+
+def _pipe_outcomes(loop, bad):
+    r, w = os.pipe()
+    rf, wf = os.fdopen(r, "rb"), os.fdopen(w, "wb")
+
+    async def main():
+        rt, _ = await loop.connect_read_pipe(asyncio.Protocol, rf)
+        wt, _ = await loop.connect_write_pipe(asyncio.Protocol, wf)
+        # The stock write pipe asserts its argument's type.
+        acceptable = ACCEPTABLE + (AssertionError,)
+        outcomes = _call_all(wt, [("write", (bad,)), ("writelines", (bad,)),
+                                  ("set_write_buffer_limits", (bad,)),
+                                  ("get_extra_info", (bad,))], acceptable)
+        outcomes += _call_all(rt, [("get_extra_info", (bad,)),
+                                   ("pause_reading", ()), ("resume_reading", ())])
+        wt.abort()
+        wt.abort()
+        wt.close()
+        rt.close()
+        rt.close()
+        outcomes += _call_all(wt, [("write", (b"x",)), ("write_eof", ())],
+                              acceptable)
+        outcomes += _call_all(rt, [("pause_reading", ()), ("resume_reading", ())])
+        await asyncio.sleep(0.01)
+        return outcomes
+
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("bad", [None, "str", 1.5, object(), [b"a", 1], -5])
+def test_pipe_transport_methods_with_bad_input(bad):
+    results = {name: _pipe_outcomes(factory(), bad)
+               for name, factory in _loops()}
+    assert results["tideloop"] == results["asyncio"]

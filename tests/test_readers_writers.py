@@ -1,5 +1,6 @@
 """add_reader / remove_reader / add_writer / remove_writer."""
 import os
+import selectors
 import socket
 
 import pytest
@@ -444,3 +445,32 @@ def test_fd_closed_and_number_reused(loop):
     finally:
         c.close()
         d.close()
+
+
+def test_selector_view_of_watched_fds(loop):
+    """loop._selector.get_key()/get_map(), as code that inspects the stock
+    selector loop uses them: what has a reader or writer, and nothing else."""
+    a, b = socket.socketpair()
+    try:
+        with pytest.raises(KeyError):
+            loop._selector.get_key(a)
+        loop.add_reader(a, lambda: None)
+        key = loop._selector.get_key(a)
+        assert (key.fileobj, key.fd, key.events) == (a, a.fileno(),
+                                                     selectors.EVENT_READ)
+        loop.add_writer(a.fileno(), lambda: None)
+        key = loop._selector.get_key(a.fileno())
+        assert key.events == selectors.EVENT_READ | selectors.EVENT_WRITE
+        assert a.fileno() in loop._selector.get_map()
+        assert b.fileno() not in loop._selector.get_map()
+        loop.remove_reader(a)
+        assert loop._selector.get_key(a).events == selectors.EVENT_WRITE
+        loop.remove_writer(a)
+        with pytest.raises(KeyError):
+            loop._selector.get_key(a)
+        assert a.fileno() not in loop._selector.get_map()
+        loop.close()
+        assert loop._selector is None
+    finally:
+        a.close()
+        b.close()

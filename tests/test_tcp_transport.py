@@ -990,3 +990,31 @@ def test_no_fd_leak_full_cycle(loop, kind, tmp_path):
     for _ in range(3):
         arun(loop, cycle())
     fd_leak_check(before)
+
+
+def test_write_non_contiguous_buffer(loop):
+    """A strided memoryview: asyncio's first send() raises BufferError, a
+    fatal write error (handler, connection_lost(BufferError)); write() itself
+    does not raise."""
+    a, b = socket.socketpair()
+    calls = []
+    loop.set_exception_handler(lambda lp, ctx: calls.append(ctx))
+
+    async def main():
+        lost = loop.create_future()
+
+        class P(asyncio.Protocol):
+            def connection_lost(self, exc):
+                lost.set_result(exc)
+
+        tr, _ = await loop.create_connection(P, sock=a)
+        tr.write(memoryview(b"abcdef")[::2])
+        exc = await asyncio.wait_for(lost, 5)
+        assert isinstance(exc, BufferError), repr(exc)
+        assert [c["message"] for c in calls] == [
+            "Fatal write error on socket transport"]
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        b.close()

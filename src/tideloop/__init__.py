@@ -12,11 +12,14 @@ layer: once-per-run orchestration that asyncio already defines.
 """
 
 import asyncio
+import collections.abc
 import errno
 import os
+import selectors
 import signal
 import socket
 import sys
+import threading
 import warnings
 import weakref
 
@@ -86,6 +89,43 @@ def _numeric_port(port):
     return False
 
 
+class _SelectorView(collections.abc.Mapping):
+    """A read-only view of the loop's fd table shaped like the selector of
+    asyncio's selector loop (``loop._selector``: ``get_key``, ``get_map``),
+    for code that inspects which fds have a reader or writer."""
+
+    def __init__(self, loop):
+        self._loop = loop
+
+    def get_key(self, fileobj):
+        info = self._loop._fd_handles(fileobj)
+        if info is None:
+            raise KeyError(f"{fileobj!r} is not registered")
+        fd, reader, writer = info
+        events = ((selectors.EVENT_READ if reader is not None else 0) |
+                  (selectors.EVENT_WRITE if writer is not None else 0))
+        return selectors.SelectorKey(fileobj, fd, events, (reader, writer))
+
+    def get_map(self):
+        return self
+
+    def __getitem__(self, fd):
+        return self.get_key(fd)
+
+    def __iter__(self):
+        return iter(self._loop._watched_fds())
+
+    def __len__(self):
+        return len(self._loop._watched_fds())
+
+
+def _reap_quietly(pid):
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
 class Loop(_core.Loop, asyncio.AbstractEventLoop):
     """The tideloop event loop: asyncio's behaviour, in C."""
 
@@ -104,6 +144,7 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         # every wakeup, which allocates a bound method each time; one kept
         # in the instance dict is found first and reused.
         self.call_soon = self.call_soon
+        self._child_pidfds = {}        # pidfd -> pid of watched children
 
     def __repr__(self):
         return (f"<{self.__class__.__name__} running={self.is_running()} "
@@ -116,6 +157,10 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
                 self.close()
 
     # -- lifecycle --------------------------------------------------------
+
+    @property
+    def _selector(self):
+        return None if self.is_closed() else _SelectorView(self)
 
     def _check_closed(self):
         if self.is_closed():
@@ -150,6 +195,8 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
                               f"removal", ResourceWarning, source=self)
                 self._signal_handlers.clear()
                 self._restore_wakeup_fd()
+        if self._child_pidfds:
+            self._release_children()
         # Servers' listening sockets belong to their Server objects: stop
         # accepting and let go of them, as the stock loop drops its selector.
         for listener in self.__dict__.pop("_listeners", {}).values():
@@ -364,6 +411,111 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
                 transp.resume_reading()
             transp._claim_fd()
 
+    # -- datagrams, pipes, subprocesses (orchestration; transports in C) ---
+
+    create_datagram_endpoint = _borrow("create_datagram_endpoint")
+    connect_read_pipe = _borrow("connect_read_pipe")
+    connect_write_pipe = _borrow("connect_write_pipe")
+    subprocess_exec = _borrow("subprocess_exec")
+    subprocess_shell = _borrow("subprocess_shell")
+    _log_subprocess = _borrow("_log_subprocess")
+
+    async def _make_subprocess_transport(self, protocol, args, shell,
+                                         stdin, stdout, stderr, bufsize,
+                                         extra=None, **kwargs):
+        # asyncio's own subprocess transport: subprocess.Popen (so every
+        # keyword Popen takes works), the pipes as tideloop's C transports,
+        # and the exit watched through a pidfd instead of a child watcher --
+        # unless the application set a watcher other than the per-process
+        # ones (Threaded: asyncio's default, which get_child_watcher()
+        # installs on first use; Pidfd): that one is used, since a watcher
+        # that reaps every child would otherwise steal ours.
+        watcher = getattr(asyncio.get_event_loop_policy(), "_watcher", None)
+        if watcher is not None and not isinstance(
+                watcher, (_unix_events.ThreadedChildWatcher,
+                          _unix_events.PidfdChildWatcher)):
+            return await self._make_subprocess_transport_with_watcher(
+                protocol, args, shell, stdin, stdout, stderr, bufsize,
+                extra=extra, **kwargs)
+        waiter = self.create_future()
+        transp = _unix_events._UnixSubprocessTransport(
+            self, protocol, args, shell, stdin, stdout, stderr, bufsize,
+            waiter=waiter, extra=extra, **kwargs)
+        self._watch_child(transp)
+        try:
+            await waiter
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException:
+            transp.close()
+            await transp._wait()
+            raise
+        return transp
+
+    _make_subprocess_transport_with_watcher = _borrow(
+        "_make_subprocess_transport", _UnixLoop)
+    _child_watcher_callback = _borrow("_child_watcher_callback", _UnixLoop)
+
+    def _watch_child(self, transp):
+        pid = transp.get_pid()
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            # No pidfd (kernel < 5.3, or a seccomp filter): a thread blocks
+            # in waitpid() for this child, as asyncio's default watcher does.
+            threading.Thread(target=self._wait_child_thread,
+                             args=(pid, transp), daemon=True,
+                             name=f"tideloop-waitpid-{pid}").start()
+            return
+        self._child_pidfds[pidfd] = pid
+        self._add_reader(pidfd, self._child_pidfd_ready, pidfd, pid, transp)
+
+    @staticmethod
+    def _reap(pid, transp, flags):
+        try:
+            wpid, status = os.waitpid(pid, flags)
+        except ChildProcessError:
+            # Reaped elsewhere: Popen.poll() (the transport's close() calls
+            # it) knows the code; asyncio's watchers report 255.
+            code = transp._proc.returncode if transp._proc is not None else None
+            if code is None:
+                _logger.warning("Unknown child process pid %d, will report "
+                                "returncode 255", pid)
+                code = 255
+            return code
+        if wpid == 0:
+            return None
+        return os.waitstatus_to_exitcode(status)
+
+    def _child_pidfd_ready(self, pidfd, pid, transp):
+        code = self._reap(pid, transp, os.WNOHANG)
+        if code is None:
+            return
+        self._remove_reader(pidfd)
+        del self._child_pidfds[pidfd]
+        os.close(pidfd)
+        if self.get_debug():
+            _logger.debug("process %s exited with returncode %s", pid, code)
+        self.call_soon(transp._process_exited, code)
+
+    def _wait_child_thread(self, pid, transp):
+        code = self._reap(pid, transp, 0)
+        try:
+            self.call_soon_threadsafe(transp._process_exited, code)
+        except RuntimeError:
+            _logger.warning("Loop %r that handles pid %r is closed", self, pid)
+
+    def _release_children(self):
+        # The loop closes with children still running: stop watching them,
+        # but reap them when they exit (no zombies), as asyncio's threaded
+        # watcher would.
+        pidfds, self._child_pidfds = self._child_pidfds, {}
+        for pidfd, pid in pidfds.items():
+            self._remove_reader(pidfd)
+            os.close(pidfd)
+            threading.Thread(target=_reap_quietly, args=(pid,), daemon=True,
+                             name=f"tideloop-waitpid-{pid}").start()
+
     # -- diagnostics -------------------------------------------------------
 
     def stats(self):
@@ -371,22 +523,6 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         I/O events, timers fired, slow callbacks, seconds spent polling, and
         the current ready/timer/fd counts."""
         return self._stats()
-
-
-def _not_implemented(name):
-    async def method(self, *args, **kwargs):
-        raise NotImplementedError(
-            f"tideloop: loop.{name}() is not implemented yet "
-            f"(datagrams, pipes and subprocesses arrive in a later release)")
-    method.__name__ = method.__qualname__ = name
-    return method
-
-
-for _name in ("create_datagram_endpoint",
-              "connect_read_pipe", "connect_write_pipe", "subprocess_shell",
-              "subprocess_exec"):
-    setattr(Loop, _name, _not_implemented(_name))
-del _name
 
 
 def new_event_loop():

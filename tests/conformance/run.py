@@ -49,11 +49,8 @@ from child import key_for  # noqa: E402  (same id -> key mapping as the child)
 
 # Modules of Lib/test/test_asyncio run by default, per issue:
 #   #2 (loop core: scheduling, timers, readers/writers, signals, tasks).
-#      test_events also holds the network/pipe/subprocess tests, which show
-#      up as "nyi" until their issues land.
-# Later issues add: test_streams, test_server, test_sock_lowlevel,
-# test_sendfile, test_buffered_proto, test_subprocess, test_unix_events
-# (those with their own concrete loop classes need an adapter in child.py).
+#      test_events also holds the network/pipe/subprocess tests.
+# Modules with their own concrete loop classes need an adapter in child.py.
 MODULES = [
     "test_tasks", "test_futures", "test_futures2", "test_locks", "test_queues",
     "test_timeouts", "test_taskgroups", "test_runners", "test_context",
@@ -61,6 +58,8 @@ MODULES = [
     # issue #3: TCP/Unix networking
     "test_sock_lowlevel", "test_streams", "test_server", "test_sendfile",
     "test_buffered_proto", "test_ssl", "test_sslproto",
+    # issue #5: UDP, pipes, subprocesses (UDP and pipes: test_events)
+    "test_subprocess", "test_unix_events",
 ]
 
 SIDES = {"asyncio": ["stock"], "tideloop": ["tideloop"], "both": ["stock", "tideloop"]}

@@ -29,6 +29,9 @@ typedef struct {
     PyTypeObject *HandleType;
     PyTypeObject *TimerHandleType;
     PyTypeObject *SocketTransportType;
+    PyTypeObject *DatagramTransportType;
+    PyTypeObject *ReadPipeTransportType;
+    PyTypeObject *WritePipeTransportType;
     PyTypeObject *ListenerType;
     PyTypeObject *SockOpType;
 
@@ -69,6 +72,7 @@ typedef struct {
     PyObject *str_remove_signal_handler;
     PyObject *str_set_running_loop;
     PyObject *str_data_received;
+    PyObject *str_datagram_received;
     PyObject *str_done;
     PyObject *str_fileno;
     PyObject *str_result;
@@ -129,11 +133,15 @@ typedef struct {
 typedef struct {
     HandleObject *reader;
     HandleObject *writer;
-    int mask;                    /* interest armed in the poller (0: none) */
+    int mask;                    /* interest armed in the poller (0: none),
+                                    or about to be (dirty) */
     int oneshot;                 /* armed with TL_POLL_ONESHOT */
     int dormant;                 /* known to the poller, disarmed: re-arming
                                     is a modify, and removing costs nothing */
     int internal;                /* 1: wakeup eventfd, 2: signal pipe */
+    int dirty;                   /* mask differs from what the poller has
+                                    (kmask); applied before the next poll */
+    int kmask;
     tl_transport_head *transport;   /* borrowed; cleared when it lets go */
 } tl_fdentry;
 
@@ -169,7 +177,11 @@ struct LoopObject {
     size_t fds_internal;         /* how many of those are the loop's own */
     tl_poll_event *events;
     int events_cap;
+    int *dirty_fds;              /* fds with a deferred interest change */
+    size_t dirty_len, dirty_cap;
 
+    char *dgram_buf;             /* datagram transports receive here
+                                    (PyMem, made on first use, see dgram.c) */
     PyObject *spare_bytes;       /* a TL_SPARE_SIZE bytes object that
                                     transports receive into (see stream.c) */
 
@@ -248,6 +260,8 @@ PyObject *tl_loop_call_later(LoopObject *loop, double delay,
 int tl_loop_set_fd_transport(LoopObject *loop, int fd, tl_transport_head *t);
 void tl_loop_clear_fd_transport(LoopObject *loop, int fd, tl_transport_head *t);
 int tl_loop_check_closed(LoopObject *loop);
+ssize_t tl_loop_read_spare(LoopObject *loop, int fd, size_t max, int use_read,
+                           PyObject **data);
 int tl_loop_check_fd_transport(LoopObject *loop, int fd);
 PyObject *tl_loop_create_future(LoopObject *loop);
 /* loop.call_exception_handler({message, exception, **pairs}); pairs are

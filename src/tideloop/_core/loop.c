@@ -1,7 +1,7 @@
 /* The Loop type: one iteration = poll timeout -> poll -> dispatch fds ->
  * expired timers -> run the callbacks that were ready when it began. */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "transport.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,6 +10,7 @@
 #include <structmember.h>
 #include <sys/eventfd.h>
 #include <time.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define MAXIMUM_SELECT_TIMEOUT (24.0 * 3600.0)
@@ -290,6 +291,31 @@ fd_apply(LoopObject *self, int fd, int mask, int oneshot)
     oneshot = oneshot && mask;
     if (e->mask == mask && e->oneshot == oneshot)
         return 0;
+    if (e->mask && mask && !oneshot && !e->oneshot) {
+        /* Between two non-empty level-triggered interests (a writer coming
+         * and going on a reading fd): applied just before the next poll,
+         * so a write queue that drains and refills within an iteration
+         * costs no epoll_ctl.  Changes to or from nothing stay immediate:
+         * an fd may be closed and its number reused right after. */
+        if (!e->dirty) {
+            if (self->dirty_len == self->dirty_cap) {
+                size_t cap = self->dirty_cap ? self->dirty_cap * 2 : 16;
+                int *d = PyMem_Realloc(self->dirty_fds, cap * sizeof(int));
+                if (d == NULL) {
+                    PyErr_NoMemory();
+                    return -1;
+                }
+                self->dirty_fds = d;
+                self->dirty_cap = cap;
+            }
+            self->dirty_fds[self->dirty_len++] = fd;
+            e->dirty = 1;
+            e->kmask = e->mask;
+        }
+        e->mask = mask;
+        return 0;
+    }
+    e->dirty = 0;   /* superseded by what follows (the poller has the fd) */
     int kmask = mask | (oneshot ? TL_POLL_ONESHOT : 0);
     int rc;
     if (mask == 0)
@@ -310,6 +336,30 @@ fd_apply(LoopObject *self, int fd, int mask, int oneshot)
     e->oneshot = oneshot;
     e->dormant = 0;
     return 0;
+}
+
+/* Apply the deferred interest changes (see fd_apply). */
+static void
+fd_flush_dirty(LoopObject *self)
+{
+    for (size_t i = 0; i < self->dirty_len; i++) {
+        int fd = self->dirty_fds[i];
+        if ((size_t)fd >= self->fds_cap)
+            continue;
+        tl_fdentry *e = &self->fds[fd];
+        if (!e->dirty)
+            continue;
+        e->dirty = 0;
+        if (e->mask == e->kmask)
+            continue;
+        if (tl_poller_modify(self->poller, fd, e->mask) < 0) {
+            /* The fd was closed while still watched (a caller's error): the
+             * kernel forgot it, so must we. */
+            self->fds_registered--;
+            e->mask = 0;
+        }
+    }
+    self->dirty_len = 0;
 }
 
 static int
@@ -548,6 +598,8 @@ run_once(LoopObject *self)
     if (ensure_events_buffer(self) < 0)
         return -1;
 
+    if (self->dirty_len)
+        fd_flush_dirty(self);
     int n;
     if (timeout_ns == 0 && self->fds_registered == self->fds_internal &&
         self->signal_rfd < 0) {
@@ -1009,9 +1061,11 @@ loop_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
         e->mask = 0;
         e->oneshot = 0;
         e->dormant = 0;
+        e->dirty = 0;
         e->internal = 0;
         e->transport = NULL;
     }
+    self->dirty_len = 0;
     self->fds_registered = 0;
     self->fds_internal = 0;
     if (self->poller != NULL) {
@@ -1334,6 +1388,47 @@ loop_check_fd_transport(LoopObject *self, PyObject *fileobj)
     if (fd < 0 || check_no_transport(self, fd, fileobj) < 0)
         return NULL;
     Py_RETURN_NONE;
+}
+
+/* (fd, reader handle or None, writer handle or None) for a watched fd, else
+ * None: what tideloop.Loop._selector.get_key() shows. */
+static PyObject *
+loop_fd_handles(LoopObject *self, PyObject *fileobj)
+{
+    int fd = fd_from_object(fileobj);
+    if (fd < 0)
+        return NULL;
+    if (self->closed || (size_t)fd >= self->fds_cap)
+        Py_RETURN_NONE;
+    tl_fdentry *e = &self->fds[fd];
+    HandleObject *r = e->reader && !e->reader->cancelled ? e->reader : NULL;
+    HandleObject *w = e->writer && !e->writer->cancelled ? e->writer : NULL;
+    if (e->internal || (r == NULL && w == NULL))
+        Py_RETURN_NONE;
+    return Py_BuildValue("(iOO)", fd, r ? (PyObject *)r : Py_None,
+                         w ? (PyObject *)w : Py_None);
+}
+
+/* The fds with a reader or writer (not the loop's own). */
+static PyObject *
+loop_watched_fds(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *list = PyList_New(0);
+    if (list == NULL || self->closed)
+        return list;
+    for (size_t fd = 0; fd < self->fds_cap; fd++) {
+        tl_fdentry *e = &self->fds[fd];
+        if (e->internal || (e->reader == NULL && e->writer == NULL))
+            continue;
+        PyObject *v = PyLong_FromSize_t(fd);
+        if (v == NULL || PyList_Append(list, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return list;
 }
 
 static PyObject *
@@ -1719,9 +1814,45 @@ loop_dealloc(LoopObject *self)
     PyMem_Free(self->ready);
     PyMem_Free(self->fds);
     PyMem_Free(self->events);
+    PyMem_Free(self->dirty_fds);
+    PyMem_Free(self->dgram_buf);
     tl_heap_free(&self->timers);
     tp->tp_free(self);
     Py_DECREF(tp);
+}
+
+/* One read of up to max (<= TL_SPARE_SIZE) bytes from fd into the loop's
+ * spare bytes object: a large read is handed over in it (shrunk in place,
+ * no copy), a small one is copied out and the buffer kept for the next.
+ * Returns the byte count with *data set (NULL on EOF), -1 with errno set on
+ * a system error (no exception), -2 with an exception set. */
+ssize_t
+tl_loop_read_spare(LoopObject *loop, int fd, size_t max, int use_read,
+                   PyObject **data)
+{
+    *data = NULL;
+    if (loop->spare_bytes == NULL) {
+        loop->spare_bytes = PyBytes_FromStringAndSize(NULL, TL_SPARE_SIZE);
+        if (loop->spare_bytes == NULL)
+            return -2;
+    }
+    char *buf = PyBytes_AS_STRING(loop->spare_bytes);
+    ssize_t n;
+    do {
+        n = use_read ? read(fd, buf, max) : recv(fd, buf, max, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0)
+        return n;
+    if (n >= TL_HANDOVER_MIN && Py_REFCNT(loop->spare_bytes) == 1) {
+        PyObject *d = loop->spare_bytes;
+        loop->spare_bytes = NULL;
+        if (_PyBytes_Resize(&d, n) < 0)
+            return -2;
+        *data = d;
+        return n;
+    }
+    *data = PyBytes_FromStringAndSize(buf, n);
+    return *data == NULL ? -2 : n;
 }
 
 static PyMethodDef loop_methods[] = {
@@ -1764,6 +1895,8 @@ static PyMethodDef loop_methods[] = {
     {"remove_writer", (PyCFunction)loop_remove_writer, METH_O, NULL},
     {"_remove_reader", (PyCFunction)loop__remove_reader, METH_O, NULL},
     {"_check_fd_transport", (PyCFunction)loop_check_fd_transport, METH_O, NULL},
+    {"_fd_handles", (PyCFunction)loop_fd_handles, METH_O, NULL},
+    {"_watched_fds", (PyCFunction)loop_watched_fds, METH_NOARGS, NULL},
     {"_remove_writer", (PyCFunction)loop__remove_writer, METH_O, NULL},
     {"create_future", (PyCFunction)loop_create_future, METH_NOARGS,
      "Create a Future attached to the loop."},
@@ -1776,6 +1909,15 @@ static PyMethodDef loop_methods[] = {
     {"_signal_pipe_close", (PyCFunction)loop_signal_pipe_close, METH_NOARGS, NULL},
     {"_make_socket_transport",
      (PyCFunction)(void (*)(void))tl_loop_make_socket_transport,
+     METH_VARARGS | METH_KEYWORDS, NULL},
+    {"_make_datagram_transport",
+     (PyCFunction)(void (*)(void))tl_loop_make_datagram_transport,
+     METH_VARARGS | METH_KEYWORDS, NULL},
+    {"_make_read_pipe_transport",
+     (PyCFunction)(void (*)(void))tl_loop_make_read_pipe_transport,
+     METH_VARARGS | METH_KEYWORDS, NULL},
+    {"_make_write_pipe_transport",
+     (PyCFunction)(void (*)(void))tl_loop_make_write_pipe_transport,
      METH_VARARGS | METH_KEYWORDS, NULL},
     {"sock_recv", (PyCFunction)(void (*)(void))tl_loop_sock_recv,
      METH_FASTCALL | METH_KEYWORDS,

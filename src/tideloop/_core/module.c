@@ -1,5 +1,5 @@
 /* Module init, module state, type registration. */
-#include "internal.h"
+#include "transport.h"
 
 #include <structmember.h>
 
@@ -97,8 +97,37 @@ core_exec(PyObject *m)
     st->SocketTransportType = (PyTypeObject *)PyType_FromModuleAndSpec(
         m, &tl_socket_transport_spec,
         transport_base == Py_None ? NULL : transport_base);
+    st->WritePipeTransportType = (PyTypeObject *)PyType_FromModuleAndSpec(
+        m, &tl_write_pipe_transport_spec,
+        transport_base == Py_None ? NULL : transport_base);
+    /* The read end is a ReadTransport, datagrams also a DatagramTransport
+     * (as in asyncio 3.12+), when the layout check above passed. */
+    PyObject *read_base = NULL, *dgram_bases = NULL;
+    if (transport_base != Py_None) {
+        PyObject *dt = NULL;
+        if (import_attr(&read_base, "asyncio", "ReadTransport") < 0 ||
+            import_attr(&dt, "asyncio", "DatagramTransport") < 0) {
+            Py_XDECREF(read_base);
+            Py_DECREF(transport_base);
+            return -1;
+        }
+        dgram_bases = PyTuple_Pack(2, transport_base, dt);
+        Py_DECREF(dt);
+        if (dgram_bases == NULL) {
+            Py_DECREF(read_base);
+            Py_DECREF(transport_base);
+            return -1;
+        }
+    }
+    st->ReadPipeTransportType = (PyTypeObject *)PyType_FromModuleAndSpec(
+        m, &tl_read_pipe_transport_spec, read_base);
+    st->DatagramTransportType = (PyTypeObject *)PyType_FromModuleAndSpec(
+        m, &tl_datagram_transport_spec, dgram_bases);
+    Py_XDECREF(read_base);
+    Py_XDECREF(dgram_bases);
     Py_DECREF(transport_base);
-    if (st->SocketTransportType == NULL)
+    if (st->SocketTransportType == NULL || st->WritePipeTransportType == NULL ||
+        st->ReadPipeTransportType == NULL || st->DatagramTransportType == NULL)
         return -1;
     st->ListenerType = (PyTypeObject *)PyType_FromModuleAndSpec(
         m, &tl_listener_spec, NULL);
@@ -112,6 +141,9 @@ core_exec(PyObject *m)
         PyModule_AddType(m, st->TimerHandleType) < 0 ||
         PyModule_AddType(m, st->LoopType) < 0 ||
         PyModule_AddType(m, st->SocketTransportType) < 0 ||
+        PyModule_AddType(m, st->DatagramTransportType) < 0 ||
+        PyModule_AddType(m, st->ReadPipeTransportType) < 0 ||
+        PyModule_AddType(m, st->WritePipeTransportType) < 0 ||
         PyModule_AddType(m, st->ListenerType) < 0)
         return -1;
 
@@ -161,6 +193,7 @@ core_exec(PyObject *m)
         intern(&st->str_remove_signal_handler, "remove_signal_handler") < 0 ||
         intern(&st->str_set_running_loop, "_set_running_loop") < 0 ||
         intern(&st->str_data_received, "data_received") < 0 ||
+        intern(&st->str_datagram_received, "datagram_received") < 0 ||
         intern(&st->str_done, "done") < 0 ||
         intern(&st->str_fileno, "fileno") < 0 ||
         intern(&st->str_result, "result") < 0 ||
@@ -197,6 +230,9 @@ core_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->HandleType);
     Py_VISIT(st->TimerHandleType);
     Py_VISIT(st->SocketTransportType);
+    Py_VISIT(st->DatagramTransportType);
+    Py_VISIT(st->ReadPipeTransportType);
+    Py_VISIT(st->WritePipeTransportType);
     Py_VISIT(st->ListenerType);
     Py_VISIT(st->SockOpType);
     Py_VISIT(st->BufferedProtocol);
@@ -231,6 +267,9 @@ core_clear(PyObject *m)
     Py_CLEAR(st->HandleType);
     Py_CLEAR(st->TimerHandleType);
     Py_CLEAR(st->SocketTransportType);
+    Py_CLEAR(st->DatagramTransportType);
+    Py_CLEAR(st->ReadPipeTransportType);
+    Py_CLEAR(st->WritePipeTransportType);
     Py_CLEAR(st->ListenerType);
     Py_CLEAR(st->SockOpType);
     Py_CLEAR(st->BufferedProtocol);
@@ -276,6 +315,7 @@ core_clear(PyObject *m)
     Py_CLEAR(st->str_future_blocking);
     Py_CLEAR(st->str_get_buffer);
     Py_CLEAR(st->str_buffer_updated);
+    Py_CLEAR(st->str_datagram_received);
     Py_CLEAR(st->str_get_running_loop);
     return 0;
 }

@@ -81,27 +81,15 @@ op_attempt(SockOpObject *self)
             return PyBytes_FromStringAndSize(NULL, 0);
         if (self->nbytes <= TL_SPARE_SIZE) {
             /* As the transports do: receive into the loop's spare bytes and
-             * hand a large read over without copying (see stream.c). */
-            LoopObject *loop = self->loop;
-            if (loop->spare_bytes == NULL) {
-                loop->spare_bytes = PyBytes_FromStringAndSize(NULL, TL_SPARE_SIZE);
-                if (loop->spare_bytes == NULL)
-                    return NULL;
-            }
-            char *buf = PyBytes_AS_STRING(loop->spare_bytes);
-            do {
-                n = recv(self->fd, buf, (size_t)self->nbytes, 0);
-            } while (n < 0 && errno == EINTR);
+             * hand a large read over without copying. */
+            PyObject *data;
+            n = tl_loop_read_spare(self->loop, self->fd, (size_t)self->nbytes, 0,
+                                   &data);
+            if (n == -2)
+                return NULL;
             if (n < 0)
                 break;
-            if (n >= TL_HANDOVER_MIN && Py_REFCNT(loop->spare_bytes) == 1) {
-                PyObject *data = loop->spare_bytes;
-                loop->spare_bytes = NULL;
-                if (_PyBytes_Resize(&data, n) < 0)
-                    return NULL;
-                return data;
-            }
-            return PyBytes_FromStringAndSize(buf, n);
+            return data != NULL ? data : PyBytes_FromStringAndSize(NULL, 0);
         }
         PyObject *b = PyBytes_FromStringAndSize(NULL, self->nbytes);
         if (b == NULL)

@@ -6,7 +6,7 @@
  * object; writes are tried at once and the rest is queued as references to
  * immutable bytes (mutable buffers are copied) and flushed with writev(). */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "transport.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -16,57 +16,12 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#define LOG_THRESHOLD_FOR_CONNLOST_WRITES 5
 #define WRITEV_MAX 64
-
-typedef struct {
-    PyObject *obj;          /* bytes object owning the data */
-    const char *data;
-    Py_ssize_t len;
-} wchunk;
-
-typedef struct {
-    tl_transport_head head;     /* PyObject_HEAD + closing */
-    LoopObject *loop;
-    int fd;                     /* -1 once the socket is closed */
-    int family;
-    int type;
-    int proto;
-    PyObject *sock;             /* socket.socket, created lazily if we got an fd */
-    PyObject *protocol;
-    int buffered;
-    int protocol_connected;
-    PyObject *server;
-    PyObject *read_ready;       /* bound self._read_ready, the reader callback */
-    PyObject *write_ready;
-    PyObject *empty_waiter;
-    PyObject *sockname;         /* converted lazily from the raw addresses */
-    PyObject *peername;
-    PyObject *transport_socket;
-
-    wchunk *wq;
-    size_t wq_head, wq_len, wq_cap;
-    Py_ssize_t wq_off;          /* bytes of the first chunk already sent */
-    Py_ssize_t buffer_size;
-    double high_water, low_water;   /* compared with buffer_size */
-    PyObject *limits;           /* (low, high) as given, or NULL: defaults */
-
-    int conn_lost;
-    int paused;                 /* pause_reading() */
-    int eof;                    /* write_eof() */
-    int protocol_paused;        /* pause_writing() was called */
-    int watching;               /* TL_POLL_READ | TL_POLL_WRITE registered */
-
-    struct sockaddr_storage local_addr, peer_addr;
-    socklen_t local_len, peer_len;
-
-    PyObject *weakreflist;
-} SocketTransportObject;
 
 #define TR(o) ((SocketTransportObject *)(o))
 
-static int
-tr_is_reading(SocketTransportObject *self)
+int
+tl_tr_is_reading(SocketTransportObject *self)
 {
     return !self->head.closing && !self->paused;
 }
@@ -75,7 +30,7 @@ tr_is_reading(SocketTransportObject *self)
 
 /* The socket.socket object; made from our fd the first time it is needed. */
 static PyObject *
-tr_get_sock(SocketTransportObject *self)
+tl_tr_get_sock(SocketTransportObject *self)
 {
     if (self->sock != NULL)
         return Py_NewRef(self->sock);
@@ -92,18 +47,15 @@ tr_get_sock(SocketTransportObject *self)
     return s;
 }
 
-static int tr_watch(SocketTransportObject *self, int which, int on);
-#define tr_remove_reader(self) tr_watch((self), TL_POLL_READ, 0)
-#define tr_remove_writer(self) tr_watch((self), TL_POLL_WRITE, 0)
 
-static void
-tr_close_socket(SocketTransportObject *self)
+void
+tl_tr_close_socket(SocketTransportObject *self)
 {
     if (self->fd < 0)
         return;
     /* Nothing of ours may stay registered under an fd number the kernel
      * will hand out again. */
-    if (tr_remove_reader(self) < 0 || tr_remove_writer(self) < 0)
+    if (tl_tr_remove_reader(self) < 0 || tl_tr_remove_writer(self) < 0)
         PyErr_Clear();
     tl_loop_clear_fd_transport(self->loop, self->fd, &self->head);
     if (self->sock != NULL) {
@@ -121,8 +73,8 @@ tr_close_socket(SocketTransportObject *self)
 /* ---- loop registration ---- */
 
 /* Start (on) or stop watching the fd for one direction. */
-static int
-tr_watch(SocketTransportObject *self, int which, int on)
+int
+tl_tr_watch(SocketTransportObject *self, int which, int on)
 {
     if (self->fd < 0 || (!on && !(self->watching & which)))
         return 0;
@@ -137,19 +89,16 @@ tr_watch(SocketTransportObject *self, int which, int on)
     return 0;
 }
 
-#define tr_add_reader(self) tr_watch((self), TL_POLL_READ, 1)
-#define tr_remove_reader(self) tr_watch((self), TL_POLL_READ, 0)
-#define tr_add_writer(self) tr_watch((self), TL_POLL_WRITE, 1)
-#define tr_remove_writer(self) tr_watch((self), TL_POLL_WRITE, 0)
 
 /* ---- write queue ---- */
 
-static void
-wq_clear(SocketTransportObject *self)
+void
+tl_wq_clear(SocketTransportObject *self)
 {
     for (size_t i = 0; i < self->wq_len; i++) {
         wchunk *c = &self->wq[(self->wq_head + i) % self->wq_cap];
         Py_CLEAR(c->obj);
+        Py_CLEAR(c->addr);
     }
     self->wq_head = self->wq_len = 0;
     self->wq_off = 0;
@@ -157,8 +106,8 @@ wq_clear(SocketTransportObject *self)
 }
 
 /* Queue data[0:len] of obj: bytes are referenced, anything else copied. */
-static int
-wq_push(SocketTransportObject *self, PyObject *obj, const char *data,
+int
+tl_wq_push(SocketTransportObject *self, PyObject *obj, const char *data,
         Py_ssize_t len)
 {
     if (self->wq_len == self->wq_cap) {
@@ -189,14 +138,15 @@ wq_push(SocketTransportObject *self, PyObject *obj, const char *data,
     c->obj = owner;
     c->data = data;
     c->len = len;
+    c->addr = NULL;
     self->wq_len++;
     self->buffer_size += len;
     return 0;
 }
 
 /* Drop n sent bytes from the front of the queue. */
-static void
-wq_consume(SocketTransportObject *self, Py_ssize_t n)
+void
+tl_wq_consume(SocketTransportObject *self, Py_ssize_t n)
 {
     self->buffer_size -= n;
     while (n > 0 && self->wq_len) {
@@ -208,6 +158,7 @@ wq_consume(SocketTransportObject *self, Py_ssize_t n)
         }
         n -= left;
         Py_CLEAR(c->obj);
+        Py_CLEAR(c->addr);
         self->wq_head = (self->wq_head + 1) % self->wq_cap;
         self->wq_len--;
         self->wq_off = 0;
@@ -216,15 +167,15 @@ wq_consume(SocketTransportObject *self, Py_ssize_t n)
 
 /* ---- protocol callbacks with asyncio's error handling ---- */
 
-static int
-is_fatal_base_exception(void)
+int
+tl_tr_is_fatal_base_exception(void)
 {
     return PyErr_ExceptionMatches(PyExc_SystemExit) ||
            PyErr_ExceptionMatches(PyExc_KeyboardInterrupt);
 }
 
-static PyObject *
-fetch_exception(void)
+PyObject *
+tl_tr_fetch_exception(void)
 {
     PyObject *t, *v, *tb;
     PyErr_Fetch(&t, &v, &tb);
@@ -236,15 +187,22 @@ fetch_exception(void)
     return v;
 }
 
-static int tr_force_close(SocketTransportObject *self, PyObject *exc);
 
 /* asyncio's _fatal_error: OSErrors are only logged in debug mode, anything
  * else goes to the exception handler; then the transport is force-closed. */
-static int
-tr_fatal_error(SocketTransportObject *self, PyObject *exc, const char *message)
+int
+tl_tr_fatal_error(SocketTransportObject *self, PyObject *exc, const char *message)
 {
     tl_state *st = self->loop->state;
-    if (PyObject_IsInstance(exc, PyExc_OSError) == 1) {
+    int quiet = PyObject_IsInstance(exc, PyExc_OSError) == 1;
+    if (quiet && self->kind == TL_TR_READ_PIPE) {
+        /* The read end of a pipe only keeps quiet about EIO. */
+        PyObject *e = PyObject_GetAttrString(exc, "errno");
+        quiet = e != NULL && PyLong_Check(e) && PyLong_AsLong(e) == EIO;
+        Py_XDECREF(e);
+        PyErr_Clear();
+    }
+    if (quiet) {
         if (self->loop->debug) {
             PyObject *kw = Py_BuildValue("{sO}", "exc_info", exc);
             PyObject *args = Py_BuildValue("(sOs)", "%r: %s", (PyObject *)self,
@@ -265,61 +223,63 @@ tr_fatal_error(SocketTransportObject *self, PyObject *exc, const char *message)
                             NULL) < 0) {
         return -1;
     }
-    return tr_force_close(self, exc);
+    if (self->kind == TL_TR_READ_PIPE || self->kind == TL_TR_WRITE_PIPE)
+        return tl_pipe_close(self, exc);
+    return tl_tr_force_close(self, exc);
 }
 
 /* After a failed call: propagate SystemExit/KeyboardInterrupt, else hand
- * the exception to tr_fatal_error.  Returns -1 only to propagate. */
-static int
-tr_fail(SocketTransportObject *self, const char *message)
+ * the exception to tl_tr_fatal_error.  Returns -1 only to propagate. */
+int
+tl_tr_fail(SocketTransportObject *self, const char *message)
 {
-    if (is_fatal_base_exception())
+    if (tl_tr_is_fatal_base_exception())
         return -1;
-    PyObject *exc = fetch_exception();
-    int rc = tr_fatal_error(self, exc, message);
+    PyObject *exc = tl_tr_fetch_exception();
+    int rc = tl_tr_fatal_error(self, exc, message);
     Py_XDECREF(exc);
     return rc;
 }
 
 static int
-tr_call_flow(SocketTransportObject *self, const char *meth, const char *fail)
+tl_tr_call_flow(SocketTransportObject *self, const char *meth, const char *fail)
 {
     PyObject *r = PyObject_CallMethod(self->protocol, meth, NULL);
     if (r != NULL) {
         Py_DECREF(r);
         return 0;
     }
-    if (is_fatal_base_exception())
+    if (tl_tr_is_fatal_base_exception())
         return -1;
-    PyObject *exc = fetch_exception();
+    PyObject *exc = tl_tr_fetch_exception();
     int rc = tl_loop_report(self->loop, fail, exc, "transport", (PyObject *)self,
                             "protocol", self->protocol, NULL);
     Py_XDECREF(exc);
     return rc;
 }
 
-static int
-tr_maybe_pause_protocol(SocketTransportObject *self)
+int
+tl_tr_maybe_pause_protocol(SocketTransportObject *self)
 {
     if ((double)self->buffer_size <= self->high_water || self->protocol_paused)
         return 0;
     self->protocol_paused = 1;
-    return tr_call_flow(self, "pause_writing", "protocol.pause_writing() failed");
+    return tl_tr_call_flow(self, "pause_writing", "protocol.pause_writing() failed");
 }
 
-static int
-tr_maybe_resume_protocol(SocketTransportObject *self)
+int
+tl_tr_maybe_resume_protocol(SocketTransportObject *self)
 {
     if (!self->protocol_paused || (double)self->buffer_size > self->low_water)
         return 0;
     self->protocol_paused = 0;
-    return tr_call_flow(self, "resume_writing", "protocol.resume_writing() failed");
+    return tl_tr_call_flow(self, "resume_writing", "protocol.resume_writing() failed");
 }
 
 /* ---- closing ---- */
 
-static int
-tr_schedule_connection_lost(SocketTransportObject *self, PyObject *exc)
+int
+tl_tr_schedule_connection_lost(SocketTransportObject *self, PyObject *exc)
 {
     PyObject *meth = PyObject_GetAttrString((PyObject *)self,
                                             "_call_connection_lost");
@@ -331,27 +291,27 @@ tr_schedule_connection_lost(SocketTransportObject *self, PyObject *exc)
     return rc;
 }
 
-static int
-tr_force_close(SocketTransportObject *self, PyObject *exc)
+int
+tl_tr_force_close(SocketTransportObject *self, PyObject *exc)
 {
     if (self->conn_lost)
         return 0;
     if (self->wq_len) {
-        wq_clear(self);
-        if (tr_remove_writer(self) < 0)
+        tl_wq_clear(self);
+        if (tl_tr_remove_writer(self) < 0)
             return -1;
     }
     if (!self->head.closing) {
         self->head.closing = 1;
-        if (tr_remove_reader(self) < 0)
+        if (tl_tr_remove_reader(self) < 0)
             return -1;
     }
     self->conn_lost++;
-    return tr_schedule_connection_lost(self, exc);
+    return tl_tr_schedule_connection_lost(self, exc);
 }
 
-static PyObject *
-tr_call_connection_lost(SocketTransportObject *self, PyObject *exc)
+PyObject *
+tl_tr_call_connection_lost(SocketTransportObject *self, PyObject *exc)
 {
     PyObject *r = NULL;
     if (self->protocol_connected && self->protocol != NULL) {
@@ -363,7 +323,7 @@ tr_call_connection_lost(SocketTransportObject *self, PyObject *exc)
     /* finally: */
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
-    tr_close_socket(self);
+    tl_tr_close_socket(self);
     Py_CLEAR(self->protocol);
     PyObject *server = self->server;
     self->server = NULL;
@@ -404,7 +364,7 @@ tr_call_connection_lost(SocketTransportObject *self, PyObject *exc)
 /* ---- reading ---- */
 
 static int
-tr_on_eof(SocketTransportObject *self)
+tl_tr_on_eof(SocketTransportObject *self)
 {
     if (self->loop->debug) {
         PyObject *r = PyObject_CallMethod(self->loop->state->logger, "debug",
@@ -416,13 +376,13 @@ tr_on_eof(SocketTransportObject *self)
     }
     PyObject *keep = PyObject_CallMethod(self->protocol, "eof_received", NULL);
     if (keep == NULL)
-        return tr_fail(self, "Fatal error: protocol.eof_received() call failed.");
+        return tl_tr_fail(self, "Fatal error: protocol.eof_received() call failed.");
     int k = PyObject_IsTrue(keep);
     Py_DECREF(keep);
     if (k < 0)
-        return tr_fail(self, "Fatal error: protocol.eof_received() call failed.");
+        return tl_tr_fail(self, "Fatal error: protocol.eof_received() call failed.");
     if (k)
-        return tr_remove_reader(self);
+        return tl_tr_remove_reader(self);
     PyObject *r = PyObject_CallMethod((PyObject *)self, "close", NULL);
     if (r == NULL)
         return -1;
@@ -430,15 +390,15 @@ tr_on_eof(SocketTransportObject *self)
     return 0;
 }
 
-static PyObject *
-tr_os_error(void)
+PyObject *
+tl_tr_os_error(void)
 {
     PyErr_SetFromErrno(PyExc_OSError);
-    return fetch_exception();
+    return tl_tr_fetch_exception();
 }
 
 static int
-tr_read_buffered(SocketTransportObject *self)
+tl_tr_read_buffered(SocketTransportObject *self)
 {
     PyObject *arg = PyLong_FromLong(-1);
     if (arg == NULL)
@@ -450,7 +410,7 @@ tr_read_buffered(SocketTransportObject *self)
         2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     Py_DECREF(arg);
     if (buf == NULL)
-        return tr_fail(self, "Fatal error: protocol.get_buffer() call failed.");
+        return tl_tr_fail(self, "Fatal error: protocol.get_buffer() call failed.");
     /* asyncio checks len(buf) here and lets recv_into() judge the rest. */
     Py_ssize_t blen = PyObject_Size(buf);
     if (blen <= 0) {
@@ -458,7 +418,7 @@ tr_read_buffered(SocketTransportObject *self)
         if (blen == 0)
             PyErr_SetString(PyExc_RuntimeError,
                             "get_buffer() returned an empty buffer");
-        return tr_fail(self, "Fatal error: protocol.get_buffer() call failed.");
+        return tl_tr_fail(self, "Fatal error: protocol.get_buffer() call failed.");
     }
     Py_buffer view;
     if (PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE) < 0) {
@@ -468,7 +428,7 @@ tr_read_buffered(SocketTransportObject *self)
                      "recv_into() argument 'buffer' must be read-write "
                      "bytes-like object, not %.50s", Py_TYPE(buf)->tp_name);
         Py_DECREF(buf);
-        return tr_fail(self, "Fatal read error on socket transport");
+        return tl_tr_fail(self, "Fatal read error on socket transport");
     }
     ssize_t n;
     do {
@@ -481,13 +441,13 @@ tr_read_buffered(SocketTransportObject *self)
         if (err == EAGAIN || err == EWOULDBLOCK)
             return 0;
         errno = err;
-        PyObject *exc = tr_os_error();
-        int rc = tr_fatal_error(self, exc, "Fatal read error on socket transport");
+        PyObject *exc = tl_tr_os_error();
+        int rc = tl_tr_fatal_error(self, exc, "Fatal read error on socket transport");
         Py_XDECREF(exc);
         return rc;
     }
     if (n == 0)
-        return tr_on_eof(self);
+        return tl_tr_on_eof(self);
     PyObject *nb = PyLong_FromSsize_t(n);
     if (nb == NULL)
         return -1;
@@ -497,65 +457,44 @@ tr_read_buffered(SocketTransportObject *self)
         2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     Py_DECREF(nb);
     if (r == NULL)
-        return tr_fail(self, "Fatal error: protocol.buffer_updated() call failed.");
+        return tl_tr_fail(self, "Fatal error: protocol.buffer_updated() call failed.");
     Py_DECREF(r);
     return 0;
 }
 
 static PyObject *
-tr_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+tl_tr_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (self->conn_lost || self->fd < 0)
         Py_RETURN_NONE;
     int rc;
     if (self->buffered) {
-        rc = tr_read_buffered(self);
+        rc = tl_tr_read_buffered(self);
     }
     else {
-        /* Receive into a bytes object the loop keeps: a large read is handed
-         * to the protocol in it (no copy: the object shrinks in place), a
-         * small one is copied out and the buffer is kept for the next. */
-        LoopObject *loop = self->loop;
-        if (loop->spare_bytes == NULL) {
-            loop->spare_bytes = PyBytes_FromStringAndSize(NULL, TL_SPARE_SIZE);
-            if (loop->spare_bytes == NULL)
-                return NULL;
-        }
-        char *buf = PyBytes_AS_STRING(loop->spare_bytes);
-        ssize_t n;
-        do {
-            n = recv(self->fd, buf, TL_SPARE_SIZE, 0);
-        } while (n < 0 && errno == EINTR);
+        PyObject *data;
+        ssize_t n = tl_loop_read_spare(self->loop, self->fd, TL_SPARE_SIZE, 0,
+                                       &data);
+        if (n == -2)
+            return NULL;
         if (n < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 Py_RETURN_NONE;
-            PyObject *exc = tr_os_error();
-            rc = tr_fatal_error(self, exc, "Fatal read error on socket transport");
+            PyObject *exc = tl_tr_os_error();
+            rc = tl_tr_fatal_error(self, exc, "Fatal read error on socket transport");
             Py_XDECREF(exc);
         }
         else if (n == 0) {
-            rc = tr_on_eof(self);
+            rc = tl_tr_on_eof(self);
         }
         else {
-            PyObject *data;
-            if (n >= TL_HANDOVER_MIN && Py_REFCNT(loop->spare_bytes) == 1) {
-                data = loop->spare_bytes;
-                loop->spare_bytes = NULL;
-                if (_PyBytes_Resize(&data, n) < 0)
-                    return NULL;
-            }
-            else {
-                data = PyBytes_FromStringAndSize(buf, n);
-                if (data == NULL)
-                    return NULL;
-            }
             PyObject *dargs[2] = {self->protocol, data};
             PyObject *r = PyObject_VectorcallMethod(
                 self->loop->state->str_data_received, dargs,
                 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
             Py_DECREF(data);
             if (r == NULL) {
-                rc = tr_fail(self,
+                rc = tl_tr_fail(self,
                              "Fatal error: protocol.data_received() call failed.");
             }
             else {
@@ -572,7 +511,7 @@ tr_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 /* ---- writing ---- */
 
 static int
-tr_write_bytes(SocketTransportObject *self, PyObject *obj, const char *data,
+tl_tr_write_bytes(SocketTransportObject *self, PyObject *obj, const char *data,
                Py_ssize_t len)
 {
     if (self->conn_lost) {
@@ -595,8 +534,8 @@ tr_write_bytes(SocketTransportObject *self, PyObject *obj, const char *data,
         } while (n < 0 && errno == EINTR);
         if (n < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK) {
-                PyObject *exc = tr_os_error();
-                int rc = tr_fatal_error(self, exc,
+                PyObject *exc = tl_tr_os_error();
+                int rc = tl_tr_fatal_error(self, exc,
                                         "Fatal write error on socket transport");
                 Py_XDECREF(exc);
                 return rc;
@@ -607,16 +546,16 @@ tr_write_bytes(SocketTransportObject *self, PyObject *obj, const char *data,
             return 0;
         data += n;
         len -= n;
-        if (tr_add_writer(self) < 0)
+        if (tl_tr_add_writer(self) < 0)
             return -1;
     }
-    if (wq_push(self, obj, data, len) < 0)
+    if (tl_wq_push(self, obj, data, len) < 0)
         return -1;
-    return tr_maybe_pause_protocol(self);
+    return tl_tr_maybe_pause_protocol(self);
 }
 
-static int
-check_writable_data(PyObject *data)
+int
+tl_tr_check_writable_data(PyObject *data)
 {
     if (!PyBytes_Check(data) && !PyByteArray_Check(data) &&
         !PyMemoryView_Check(data)) {
@@ -643,37 +582,65 @@ check_can_write(SocketTransportObject *self)
     return 0;
 }
 
+/* A write of a buffer that is not contiguous (a strided memoryview), with
+ * the exception of PyObject_GetBuffer pending: asyncio's first send() would
+ * raise it, a fatal write error; with data already queued, its bytearray
+ * refuses the buffer with a TypeError out of write().  Returns 0 when
+ * handled, 1 when the connection is already lost (the caller counts the
+ * write), -1 with an exception set. */
+int
+tl_tr_unusable_buffer(SocketTransportObject *self, const char *fatal_message,
+                      const char *queued_message)
+{
+    if (!PyErr_ExceptionMatches(PyExc_BufferError))
+        return -1;
+    if (self->conn_lost || (self->kind == TL_TR_WRITE_PIPE && self->head.closing)) {
+        PyErr_Clear();
+        return 1;
+    }
+    if (self->wq_len) {
+        PyErr_SetString(PyExc_TypeError, queued_message);
+        return -1;
+    }
+    if (self->kind == TL_TR_WRITE_PIPE)
+        self->conn_lost++;
+    return tl_tr_fail(self, fatal_message);
+}
+
 static int
-tr_write_object(SocketTransportObject *self, PyObject *data)
+tl_tr_write_object(SocketTransportObject *self, PyObject *data)
 {
     if (PyBytes_CheckExact(data)) {
         Py_ssize_t len = PyBytes_GET_SIZE(data);
         if (len == 0)
             return 0;
-        return tr_write_bytes(self, data, PyBytes_AS_STRING(data), len);
+        return tl_tr_write_bytes(self, data, PyBytes_AS_STRING(data), len);
     }
     Py_buffer view;
-    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
-        return -1;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
+        int rc = tl_tr_unusable_buffer(self, "Fatal write error on socket transport",
+                                       "can't set bytearray slice from memoryview");
+        return rc > 0 ? tl_tr_write_bytes(self, NULL, NULL, 1) : rc;
+    }
     int rc = 0;
     if (view.len > 0)
-        rc = tr_write_bytes(self, data, view.buf, view.len);
+        rc = tl_tr_write_bytes(self, data, view.buf, view.len);
     PyBuffer_Release(&view);
     return rc;
 }
 
 static PyObject *
-tr_write(SocketTransportObject *self, PyObject *data)
+tl_tr_write(SocketTransportObject *self, PyObject *data)
 {
-    if (check_writable_data(data) < 0 || check_can_write(self) < 0)
+    if (tl_tr_check_writable_data(data) < 0 || check_can_write(self) < 0)
         return NULL;
-    if (tr_write_object(self, data) < 0)
+    if (tl_tr_write_object(self, data) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
 static PyObject *
-tr_writelines(SocketTransportObject *self, PyObject *list)
+tl_tr_writelines(SocketTransportObject *self, PyObject *list)
 {
     /* asyncio joins the items first: check them all before writing any. */
     PyObject *seq = PySequence_Fast(list, "writelines() argument must be iterable");
@@ -706,13 +673,13 @@ tr_writelines(SocketTransportObject *self, PyObject *list)
             total += len;
         }
         Py_DECREF(seq);
-        if (total && tr_write_bytes(self, NULL, NULL, 0) < 0)
+        if (total && tl_tr_write_bytes(self, NULL, NULL, 0) < 0)
             return NULL;
         Py_RETURN_NONE;
     }
     int was_lost = self->conn_lost;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (tr_write_object(self, items[i]) < 0) {
+        if (tl_tr_write_object(self, items[i]) < 0) {
             Py_DECREF(seq);
             return NULL;
         }
@@ -724,7 +691,7 @@ tr_writelines(SocketTransportObject *self, PyObject *list)
 }
 
 static PyObject *
-tr_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+tl_tr_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (self->conn_lost || self->fd < 0 || self->wq_len == 0)
         Py_RETURN_NONE;
@@ -744,11 +711,11 @@ tr_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
     if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK)
             Py_RETURN_NONE;
-        PyObject *exc = tr_os_error();
-        int rc = tr_remove_writer(self);
-        wq_clear(self);
+        PyObject *exc = tl_tr_os_error();
+        int rc = tl_tr_remove_writer(self);
+        tl_wq_clear(self);
         if (rc == 0)
-            rc = tr_fatal_error(self, exc, "Fatal write error on socket transport");
+            rc = tl_tr_fatal_error(self, exc, "Fatal write error on socket transport");
         if (rc == 0 && self->empty_waiter != NULL) {
             PyObject *r = PyObject_CallMethod(self->empty_waiter,
                                               "set_exception", "O", exc);
@@ -762,11 +729,11 @@ tr_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
         Py_RETURN_NONE;
     }
     if (n > 0)
-        wq_consume(self, n);
-    if (tr_maybe_resume_protocol(self) < 0)   /* may write more */
+        tl_wq_consume(self, n);
+    if (tl_tr_maybe_resume_protocol(self) < 0)   /* may write more */
         return NULL;
     if (self->wq_len == 0) {
-        if (tr_remove_writer(self) < 0)
+        if (tl_tr_remove_writer(self) < 0)
             return NULL;
         if (self->empty_waiter != NULL) {
             PyObject *r = PyObject_CallMethod(self->empty_waiter, "set_result",
@@ -776,7 +743,7 @@ tr_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
             Py_DECREF(r);
         }
         if (self->head.closing) {
-            PyObject *r = tr_call_connection_lost(self, Py_None);
+            PyObject *r = tl_tr_call_connection_lost(self, Py_None);
             if (r == NULL)
                 return NULL;
             Py_DECREF(r);
@@ -791,54 +758,54 @@ tr_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 
 /* ---- public transport API ---- */
 
-static PyObject *
-tr_close(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+PyObject *
+tl_tr_close(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (self->head.closing)
         Py_RETURN_NONE;
     self->head.closing = 1;
-    if (tr_remove_reader(self) < 0)
+    if (tl_tr_remove_reader(self) < 0)
         return NULL;
     if (self->wq_len == 0) {
         self->conn_lost++;
-        if (tr_remove_writer(self) < 0)
+        if (tl_tr_remove_writer(self) < 0)
             return NULL;
-        if (tr_schedule_connection_lost(self, NULL) < 0)
+        if (tl_tr_schedule_connection_lost(self, NULL) < 0)
             return NULL;
     }
     Py_RETURN_NONE;
 }
 
-static PyObject *
-tr_abort(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+PyObject *
+tl_tr_abort(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
-    if (tr_force_close(self, NULL) < 0)
+    if (tl_tr_force_close(self, NULL) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
-static PyObject *
-tr_force_close_meth(SocketTransportObject *self, PyObject *exc)
+PyObject *
+tl_tr_force_close_meth(SocketTransportObject *self, PyObject *exc)
 {
-    if (tr_force_close(self, exc == Py_None ? NULL : exc) < 0)
+    if (tl_tr_force_close(self, exc == Py_None ? NULL : exc) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
-static PyObject *
-tr_is_closing_meth(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+PyObject *
+tl_tr_is_closing_meth(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     return PyBool_FromLong(self->head.closing);
 }
 
-static PyObject *
-tr_is_reading_meth(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+PyObject *
+tl_tr_is_reading_meth(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
-    return PyBool_FromLong(tr_is_reading(self));
+    return PyBool_FromLong(tl_tr_is_reading(self));
 }
 
-static int
-debug_log(SocketTransportObject *self, const char *fmt)
+int
+tl_tr_debug_log(SocketTransportObject *self, const char *fmt)
 {
     if (!self->loop->debug)
         return 0;
@@ -850,41 +817,41 @@ debug_log(SocketTransportObject *self, const char *fmt)
     return 0;
 }
 
-static PyObject *
-tr_pause_reading(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+PyObject *
+tl_tr_pause_reading(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
-    if (!tr_is_reading(self))
+    if (!tl_tr_is_reading(self))
         Py_RETURN_NONE;
     self->paused = 1;
-    if (tr_remove_reader(self) < 0 || debug_log(self, "%r pauses reading") < 0)
+    if (tl_tr_remove_reader(self) < 0 || tl_tr_debug_log(self, "%r pauses reading") < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
-static PyObject *
-tr_resume_reading(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+PyObject *
+tl_tr_resume_reading(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (self->head.closing || !self->paused)
         Py_RETURN_NONE;
     self->paused = 0;
-    if (tr_add_reader(self) < 0 || debug_log(self, "%r resumes reading") < 0)
+    if (tl_tr_add_reader(self) < 0 || tl_tr_debug_log(self, "%r resumes reading") < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
 /* Scheduled right after connection_made: start reading unless paused. */
-static PyObject *
-tr_start_reading(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+PyObject *
+tl_tr_start_reading(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
-    if (!tr_is_reading(self))
+    if (!tl_tr_is_reading(self))
         Py_RETURN_NONE;
-    if (tr_add_reader(self) < 0)
+    if (tl_tr_add_reader(self) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
 static PyObject *
-tr_write_eof(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+tl_tr_write_eof(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (self->head.closing || self->eof)
         Py_RETURN_NONE;
@@ -897,20 +864,20 @@ tr_write_eof(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 }
 
 static PyObject *
-tr_can_write_eof(SocketTransportObject *Py_UNUSED(self),
+tl_tr_can_write_eof(SocketTransportObject *Py_UNUSED(self),
                  PyObject *Py_UNUSED(ignored))
 {
     Py_RETURN_TRUE;
 }
 
-static PyObject *
-tr_get_write_buffer_size(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+PyObject *
+tl_tr_get_write_buffer_size(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     return PyLong_FromSsize_t(self->buffer_size);
 }
 
-static PyObject *
-tr_get_write_buffer_limits(SocketTransportObject *self,
+PyObject *
+tl_tr_get_write_buffer_limits(SocketTransportObject *self,
                            PyObject *Py_UNUSED(ignored))
 {
     if (self->limits != NULL)
@@ -919,7 +886,7 @@ tr_get_write_buffer_limits(SocketTransportObject *self,
 }
 
 static int
-set_limits(SocketTransportObject *self, PyObject *high, PyObject *low)
+tl_tr_set_limits(SocketTransportObject *self, PyObject *high, PyObject *low)
 {
     PyObject *h = NULL, *l = NULL;
     int rc = -1;
@@ -981,8 +948,8 @@ done:
     return rc;
 }
 
-static PyObject *
-tr_set_write_buffer_limits(SocketTransportObject *self, PyObject *args,
+PyObject *
+tl_tr_set_write_buffer_limits(SocketTransportObject *self, PyObject *args,
                            PyObject *kwds)
 {
     static char *kwlist[] = {"high", "low", NULL};
@@ -990,13 +957,13 @@ tr_set_write_buffer_limits(SocketTransportObject *self, PyObject *args,
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OO:set_write_buffer_limits",
                                      kwlist, &high, &low))
         return NULL;
-    if (set_limits(self, high, low) < 0 || tr_maybe_pause_protocol(self) < 0)
+    if (tl_tr_set_limits(self, high, low) < 0 || tl_tr_maybe_pause_protocol(self) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
 static int
-tr_set_protocol_impl(SocketTransportObject *self, PyObject *protocol)
+tl_tr_set_protocol_impl(SocketTransportObject *self, PyObject *protocol)
 {
     tl_state *st = self->loop->state;
     int buffered = PyObject_IsInstance(protocol, st->BufferedProtocol);
@@ -1008,23 +975,23 @@ tr_set_protocol_impl(SocketTransportObject *self, PyObject *protocol)
     return 0;
 }
 
-static PyObject *
-tr_set_protocol(SocketTransportObject *self, PyObject *protocol)
+PyObject *
+tl_tr_set_protocol(SocketTransportObject *self, PyObject *protocol)
 {
-    if (tr_set_protocol_impl(self, protocol) < 0)
+    if (tl_tr_set_protocol_impl(self, protocol) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
-static PyObject *
-tr_get_protocol(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+PyObject *
+tl_tr_get_protocol(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     return Py_NewRef(self->protocol ? self->protocol : Py_None);
 }
 
 /* The address as the socket module shows it, converted once. */
 static PyObject *
-cached_address(PyObject **cache, struct sockaddr_storage *addr, socklen_t len)
+tl_tr_cached_address(PyObject **cache, struct sockaddr_storage *addr, socklen_t len)
 {
     if (*cache == NULL) {
         *cache = len ? tl_sockaddr_to_py((struct sockaddr *)addr, len)
@@ -1035,12 +1002,12 @@ cached_address(PyObject **cache, struct sockaddr_storage *addr, socklen_t len)
     return Py_NewRef(*cache);
 }
 
-static PyObject *
-tr_extra_value(SocketTransportObject *self, const char *name)
+PyObject *
+tl_tr_extra_value(SocketTransportObject *self, const char *name)
 {
     if (strcmp(name, "socket") == 0) {
         if (self->transport_socket == NULL) {
-            PyObject *s = tr_get_sock(self);
+            PyObject *s = tl_tr_get_sock(self);
             if (s == NULL)
                 return NULL;
             if (s == Py_None)
@@ -1054,16 +1021,16 @@ tr_extra_value(SocketTransportObject *self, const char *name)
         return Py_NewRef(self->transport_socket);
     }
     if (strcmp(name, "sockname") == 0)
-        return cached_address(&self->sockname, &self->local_addr,
+        return tl_tr_cached_address(&self->sockname, &self->local_addr,
                               self->local_len);
     if (strcmp(name, "peername") == 0)
-        return cached_address(&self->peername, &self->peer_addr,
+        return tl_tr_cached_address(&self->peername, &self->peer_addr,
                               self->peer_len);
     return NULL;
 }
 
-static PyObject *
-tr_get_extra_info(SocketTransportObject *self, PyObject *const *args,
+PyObject *
+tl_tr_get_extra_info(SocketTransportObject *self, PyObject *const *args,
                   Py_ssize_t nargs, PyObject *kwnames)
 {
     PyObject *name = NULL, *dflt = Py_None;
@@ -1101,11 +1068,12 @@ tr_get_extra_info(SocketTransportObject *self, PyObject *const *args,
         if (PyErr_Occurred())
             return NULL;
     }
-    if (PyUnicode_Check(name)) {
+    if (PyUnicode_Check(name) &&
+        (self->kind == TL_TR_STREAM || self->kind == TL_TR_DGRAM)) {
         const char *s = PyUnicode_AsUTF8(name);
         if (s == NULL)
             return NULL;
-        PyObject *v = tr_extra_value(self, s);
+        PyObject *v = tl_tr_extra_value(self, s);
         if (v != NULL || PyErr_Occurred())
             return v;
     }
@@ -1113,7 +1081,7 @@ tr_get_extra_info(SocketTransportObject *self, PyObject *const *args,
 }
 
 static PyObject *
-tr_make_empty_waiter(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+tl_tr_make_empty_waiter(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (self->empty_waiter != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Empty waiter is already set");
@@ -1134,7 +1102,7 @@ tr_make_empty_waiter(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 }
 
 static PyObject *
-tr_reset_empty_waiter(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+tl_tr_reset_empty_waiter(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     Py_CLEAR(self->empty_waiter);
     Py_RETURN_NONE;
@@ -1143,14 +1111,14 @@ tr_reset_empty_waiter(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 /* sendfile() hands the fd to sock_sendfile for a while: the public
  * add_writer must not see it as a transport's meanwhile. */
 static PyObject *
-tr_release_fd(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+tl_tr_release_fd(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     tl_loop_clear_fd_transport(self->loop, self->fd, &self->head);
     Py_RETURN_NONE;
 }
 
 static PyObject *
-tr_claim_fd(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+tl_tr_claim_fd(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (self->fd >= 0 &&
         tl_loop_set_fd_transport(self->loop, self->fd, &self->head) < 0)
@@ -1158,8 +1126,8 @@ tr_claim_fd(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-static PyObject *
-tr_repr(SocketTransportObject *self)
+PyObject *
+tl_tr_repr(SocketTransportObject *self)
 {
     const char *state = self->fd < 0 ? " closed" : self->head.closing ? " closing" : "";
     if (self->fd < 0 || self->loop->closed)
@@ -1172,20 +1140,20 @@ tr_repr(SocketTransportObject *self)
                                 self->buffer_size);
 }
 
-static PyObject *
-tr_get_sock_attr(SocketTransportObject *self, void *Py_UNUSED(c))
+PyObject *
+tl_tr_get_sock_attr(SocketTransportObject *self, void *Py_UNUSED(c))
 {
-    return tr_get_sock(self);
+    return tl_tr_get_sock(self);
 }
 
-static PyObject *
-tr_get_fd_attr(SocketTransportObject *self, void *Py_UNUSED(c))
+PyObject *
+tl_tr_get_fd_attr(SocketTransportObject *self, void *Py_UNUSED(c))
 {
     return PyLong_FromLong(self->fd);
 }
 
-static PyObject *
-tr_get_loop_attr(SocketTransportObject *self, void *Py_UNUSED(c))
+PyObject *
+tl_tr_get_loop_attr(SocketTransportObject *self, void *Py_UNUSED(c))
 {
     if (self->fd < 0 && self->conn_lost)
         Py_RETURN_NONE;   /* asyncio drops _loop after connection_lost */
@@ -1193,50 +1161,50 @@ tr_get_loop_attr(SocketTransportObject *self, void *Py_UNUSED(c))
 }
 
 static PyObject *
-tr_get_server_attr(SocketTransportObject *self, void *Py_UNUSED(c))
+tl_tr_get_server_attr(SocketTransportObject *self, void *Py_UNUSED(c))
 {
     return Py_NewRef(self->server ? self->server : Py_None);
 }
 
-static PyObject *
-tr_get_conn_lost(SocketTransportObject *self, void *Py_UNUSED(c))
+PyObject *
+tl_tr_get_conn_lost(SocketTransportObject *self, void *Py_UNUSED(c))
 {
     return PyLong_FromLong(self->conn_lost);
 }
 
-static PyObject *
-tr_get_closing_attr(SocketTransportObject *self, void *Py_UNUSED(c))
+PyObject *
+tl_tr_get_closing_attr(SocketTransportObject *self, void *Py_UNUSED(c))
 {
     return PyBool_FromLong(self->head.closing);
 }
 
-static PyObject *
-tr_get_paused_attr(SocketTransportObject *self, void *Py_UNUSED(c))
+PyObject *
+tl_tr_get_paused_attr(SocketTransportObject *self, void *Py_UNUSED(c))
 {
     return PyBool_FromLong(self->paused);
 }
 
 static PyObject *
-tr_get_eof_attr(SocketTransportObject *self, void *Py_UNUSED(c))
+tl_tr_get_eof_attr(SocketTransportObject *self, void *Py_UNUSED(c))
 {
     return PyBool_FromLong(self->eof);
 }
 
 static PyObject *
-tr_get_sendfile_compatible(SocketTransportObject *self, void *Py_UNUSED(c))
+tl_tr_get_sendfile_compatible(SocketTransportObject *self, void *Py_UNUSED(c))
 {
     return Py_NewRef(self->loop->state->sendfile_try_native);
 }
 
 static PyObject *
-tr_get_start_tls_compatible(SocketTransportObject *Py_UNUSED(self),
+tl_tr_get_start_tls_compatible(SocketTransportObject *Py_UNUSED(self),
                             void *Py_UNUSED(c))
 {
     Py_RETURN_TRUE;
 }
 
-static PyObject *
-tr_get_protocol_paused(SocketTransportObject *self, void *Py_UNUSED(c))
+PyObject *
+tl_tr_get_protocol_paused(SocketTransportObject *self, void *Py_UNUSED(c))
 {
     return PyBool_FromLong(self->protocol_paused);
 }
@@ -1245,21 +1213,22 @@ tr_get_protocol_paused(SocketTransportObject *self, void *Py_UNUSED(c))
 
 /* A transport for fd (and its socket object, when there is one).  Schedules
  * connection_made, the start of reading and the waiter, as asyncio does. */
-static SocketTransportObject *
-tr_create(LoopObject *loop, int fd, PyObject *sock, int family, int type,
-          int proto, PyObject *protocol, PyObject *waiter, PyObject *extra,
-          PyObject *server, const struct sockaddr *peer, socklen_t peer_len)
+SocketTransportObject *
+tl_tr_create(LoopObject *loop, PyTypeObject *tp, int kind, int fd,
+             PyObject *sock, int family, int type, int proto,
+             PyObject *protocol, PyObject *waiter, PyObject *extra,
+             PyObject *server, const struct sockaddr *peer, socklen_t peer_len)
 {
     tl_state *st = loop->state;
     if (tl_loop_check_closed(loop) < 0)
         return NULL;
-    SocketTransportObject *self = PyObject_GC_New(SocketTransportObject,
-                                                  st->SocketTransportType);
+    SocketTransportObject *self = PyObject_GC_New(SocketTransportObject, tp);
     if (self == NULL)
         return NULL;
     /* Zero everything after the header. */
     memset((char *)self + sizeof(PyObject), 0,
            sizeof(*self) - sizeof(PyObject));
+    self->kind = kind;
     self->fd = fd;
     self->loop = (LoopObject *)Py_NewRef((PyObject *)loop);
     self->family = family;
@@ -1273,10 +1242,15 @@ tr_create(LoopObject *loop, int fd, PyObject *sock, int family, int type,
         if (self->head.extra == NULL)
             goto error;
     }
+    int is_socket = kind == TL_TR_STREAM || kind == TL_TR_DGRAM;
     self->local_len = sizeof(self->local_addr);
-    if (getsockname(fd, (struct sockaddr *)&self->local_addr, &self->local_len) < 0)
+    if (!is_socket ||
+        getsockname(fd, (struct sockaddr *)&self->local_addr, &self->local_len) < 0)
         self->local_len = 0;
-    if (peer != NULL) {
+    if (!is_socket) {
+        self->peer_len = 0;
+    }
+    else if (peer != NULL) {
         memcpy(&self->peer_addr, peer, peer_len);
         self->peer_len = peer_len;
     }
@@ -1287,15 +1261,20 @@ tr_create(LoopObject *loop, int fd, PyObject *sock, int family, int type,
             self->peer_len = 0;
     }
     PyObject_GC_Track(self);
-    if (tr_set_protocol_impl(self, protocol) < 0)
+    if (tl_tr_set_protocol_impl(self, protocol) < 0)
         goto error;
     self->read_ready = PyObject_GetAttrString((PyObject *)self, "_read_ready");
-    self->write_ready = PyObject_GetAttrString((PyObject *)self, "_write_ready");
-    if (self->read_ready == NULL || self->write_ready == NULL)
+    if (self->read_ready == NULL)
         goto error;
+    if (kind != TL_TR_READ_PIPE) {
+        self->write_ready = PyObject_GetAttrString((PyObject *)self,
+                                                   "_write_ready");
+        if (self->write_ready == NULL)
+            goto error;
+    }
     /* TCP_NODELAY, as asyncio's _set_nodelay decides it. */
-    if ((family == AF_INET || family == AF_INET6) && type == SOCK_STREAM &&
-        proto == IPPROTO_TCP) {
+    if (kind == TL_TR_STREAM && (family == AF_INET || family == AF_INET6) &&
+        type == SOCK_STREAM && proto == IPPROTO_TCP) {
         int one = 1;
         if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) < 0) {
             PyErr_SetFromErrno(PyExc_OSError);
@@ -1309,7 +1288,8 @@ tr_create(LoopObject *loop, int fd, PyObject *sock, int family, int type,
             goto error;
         Py_DECREF(r);
     }
-    if (tl_loop_set_fd_transport(loop, fd, &self->head) < 0)
+    /* asyncio's add_reader refuses the fds of socket transports only. */
+    if (is_socket && tl_loop_set_fd_transport(loop, fd, &self->head) < 0)
         goto error;
 
     PyObject *made = PyObject_GetAttrString(protocol, "connection_made");
@@ -1379,14 +1359,16 @@ tl_loop_make_socket_transport(PyObject *loop, PyObject *args, PyObject *kwds)
     Py_DECREF(fdo);
     if (fd == -1 && PyErr_Occurred())
         return NULL;
-    return (PyObject *)tr_create((LoopObject *)loop, fd, sock, family, type,
-                                 proto, protocol, waiter, extra, server, NULL, 0);
+    return (PyObject *)tl_tr_create((LoopObject *)loop,
+                                    ((LoopObject *)loop)->state->SocketTransportType,
+                                    TL_TR_STREAM, fd, sock, family, type, proto,
+                                    protocol, waiter, extra, server, NULL, 0);
 }
 
 /* ---- type plumbing ---- */
 
-static int
-tr_traverse(SocketTransportObject *self, visitproc visit, void *arg)
+int
+tl_tr_traverse(SocketTransportObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->loop);
@@ -1401,13 +1383,19 @@ tr_traverse(SocketTransportObject *self, visitproc visit, void *arg)
     Py_VISIT(self->sockname);
     Py_VISIT(self->peername);
     Py_VISIT(self->transport_socket);
-    for (size_t i = 0; i < self->wq_len; i++)
+    Py_VISIT(self->address);
+    Py_VISIT(self->last_from);
+    Py_VISIT(self->pending);
+    Py_VISIT(self->dict);
+    for (size_t i = 0; i < self->wq_len; i++) {
         Py_VISIT(self->wq[(self->wq_head + i) % self->wq_cap].obj);
+        Py_VISIT(self->wq[(self->wq_head + i) % self->wq_cap].addr);
+    }
     return 0;
 }
 
-static int
-tr_clear(SocketTransportObject *self)
+int
+tl_tr_clear(SocketTransportObject *self)
 {
     Py_CLEAR(self->protocol);
     Py_CLEAR(self->head.extra);
@@ -1419,14 +1407,18 @@ tr_clear(SocketTransportObject *self)
     Py_CLEAR(self->sockname);
     Py_CLEAR(self->peername);
     Py_CLEAR(self->transport_socket);
+    Py_CLEAR(self->address);
+    Py_CLEAR(self->last_from);
+    Py_CLEAR(self->pending);
+    Py_CLEAR(self->dict);
     if (self->wq != NULL)
-        wq_clear(self);
+        tl_wq_clear(self);
     return 0;
 }
 
 /* asyncio's __del__: an unclosed transport warns and closes its socket. */
-static void
-tr_finalize(SocketTransportObject *self)
+void
+tl_tr_finalize(SocketTransportObject *self)
 {
     if (self->fd < 0)
         return;
@@ -1457,8 +1449,8 @@ tr_finalize(SocketTransportObject *self)
     PyErr_Restore(et, ev, etb);
 }
 
-static void
-tr_dealloc(SocketTransportObject *self)
+void
+tl_tr_dealloc(SocketTransportObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
     if (PyObject_CallFinalizerFromDealloc((PyObject *)self) < 0)
@@ -1466,7 +1458,7 @@ tr_dealloc(SocketTransportObject *self)
     PyObject_GC_UnTrack(self);
     if (self->weakreflist != NULL)
         PyObject_ClearWeakRefs((PyObject *)self);
-    tr_clear(self);
+    tl_tr_clear(self);
     Py_CLEAR(self->sock);
     Py_CLEAR(self->loop);
     PyMem_Free(self->wq);
@@ -1474,71 +1466,73 @@ tr_dealloc(SocketTransportObject *self)
     Py_DECREF(tp);
 }
 
-static PyMethodDef tr_methods[] = {
-    {"write", (PyCFunction)tr_write, METH_O, "Write data; never blocks."},
-    {"writelines", (PyCFunction)tr_writelines, METH_O, NULL},
-    {"write_eof", (PyCFunction)tr_write_eof, METH_NOARGS, NULL},
-    {"can_write_eof", (PyCFunction)tr_can_write_eof, METH_NOARGS, NULL},
-    {"close", (PyCFunction)tr_close, METH_NOARGS, NULL},
-    {"abort", (PyCFunction)tr_abort, METH_NOARGS, NULL},
-    {"is_closing", (PyCFunction)tr_is_closing_meth, METH_NOARGS, NULL},
-    {"is_reading", (PyCFunction)tr_is_reading_meth, METH_NOARGS, NULL},
-    {"pause_reading", (PyCFunction)tr_pause_reading, METH_NOARGS, NULL},
-    {"resume_reading", (PyCFunction)tr_resume_reading, METH_NOARGS, NULL},
-    {"get_extra_info", (PyCFunction)(void (*)(void))tr_get_extra_info,
+static PyMethodDef tl_tr_methods[] = {
+    {"write", (PyCFunction)tl_tr_write, METH_O, "Write data; never blocks."},
+    {"writelines", (PyCFunction)tl_tr_writelines, METH_O, NULL},
+    {"write_eof", (PyCFunction)tl_tr_write_eof, METH_NOARGS, NULL},
+    {"can_write_eof", (PyCFunction)tl_tr_can_write_eof, METH_NOARGS, NULL},
+    {"close", (PyCFunction)tl_tr_close, METH_NOARGS, NULL},
+    {"abort", (PyCFunction)tl_tr_abort, METH_NOARGS, NULL},
+    {"is_closing", (PyCFunction)tl_tr_is_closing_meth, METH_NOARGS, NULL},
+    {"is_reading", (PyCFunction)tl_tr_is_reading_meth, METH_NOARGS, NULL},
+    {"pause_reading", (PyCFunction)tl_tr_pause_reading, METH_NOARGS, NULL},
+    {"resume_reading", (PyCFunction)tl_tr_resume_reading, METH_NOARGS, NULL},
+    {"get_extra_info", (PyCFunction)(void (*)(void))tl_tr_get_extra_info,
      METH_FASTCALL | METH_KEYWORDS, NULL},
-    {"set_write_buffer_limits", (PyCFunction)(void (*)(void))tr_set_write_buffer_limits,
+    {"set_write_buffer_limits", (PyCFunction)(void (*)(void))tl_tr_set_write_buffer_limits,
      METH_VARARGS | METH_KEYWORDS, NULL},
-    {"get_write_buffer_limits", (PyCFunction)tr_get_write_buffer_limits,
+    {"get_write_buffer_limits", (PyCFunction)tl_tr_get_write_buffer_limits,
      METH_NOARGS, NULL},
-    {"get_write_buffer_size", (PyCFunction)tr_get_write_buffer_size, METH_NOARGS,
+    {"get_write_buffer_size", (PyCFunction)tl_tr_get_write_buffer_size, METH_NOARGS,
      NULL},
-    {"get_protocol", (PyCFunction)tr_get_protocol, METH_NOARGS, NULL},
-    {"set_protocol", (PyCFunction)tr_set_protocol, METH_O, NULL},
-    {"_read_ready", (PyCFunction)tr_read_ready, METH_NOARGS, NULL},
-    {"_write_ready", (PyCFunction)tr_write_ready, METH_NOARGS, NULL},
-    {"_start_reading", (PyCFunction)tr_start_reading, METH_NOARGS, NULL},
-    {"_call_connection_lost", (PyCFunction)tr_call_connection_lost, METH_O, NULL},
-    {"_force_close", (PyCFunction)tr_force_close_meth, METH_O, NULL},
-    {"_make_empty_waiter", (PyCFunction)tr_make_empty_waiter, METH_NOARGS, NULL},
-    {"_reset_empty_waiter", (PyCFunction)tr_reset_empty_waiter, METH_NOARGS, NULL},
-    {"_release_fd", (PyCFunction)tr_release_fd, METH_NOARGS, NULL},
-    {"_claim_fd", (PyCFunction)tr_claim_fd, METH_NOARGS, NULL},
+    {"get_protocol", (PyCFunction)tl_tr_get_protocol, METH_NOARGS, NULL},
+    {"set_protocol", (PyCFunction)tl_tr_set_protocol, METH_O, NULL},
+    {"_read_ready", (PyCFunction)tl_tr_read_ready, METH_NOARGS, NULL},
+    {"_write_ready", (PyCFunction)tl_tr_write_ready, METH_NOARGS, NULL},
+    {"_start_reading", (PyCFunction)tl_tr_start_reading, METH_NOARGS, NULL},
+    {"_call_connection_lost", (PyCFunction)tl_tr_call_connection_lost, METH_O, NULL},
+    {"_force_close", (PyCFunction)tl_tr_force_close_meth, METH_O, NULL},
+    {"_make_empty_waiter", (PyCFunction)tl_tr_make_empty_waiter, METH_NOARGS, NULL},
+    {"_reset_empty_waiter", (PyCFunction)tl_tr_reset_empty_waiter, METH_NOARGS, NULL},
+    {"_release_fd", (PyCFunction)tl_tr_release_fd, METH_NOARGS, NULL},
+    {"_claim_fd", (PyCFunction)tl_tr_claim_fd, METH_NOARGS, NULL},
     {NULL}
 };
 
-static PyGetSetDef tr_getset[] = {
-    {"_sock", (getter)tr_get_sock_attr, NULL, NULL, NULL},
-    {"_sock_fd", (getter)tr_get_fd_attr, NULL, NULL, NULL},
-    {"_loop", (getter)tr_get_loop_attr, NULL, NULL, NULL},
-    {"_server", (getter)tr_get_server_attr, NULL, NULL, NULL},
-    {"_conn_lost", (getter)tr_get_conn_lost, NULL, NULL, NULL},
-    {"_closing", (getter)tr_get_closing_attr, NULL, NULL, NULL},
-    {"_paused", (getter)tr_get_paused_attr, NULL, NULL, NULL},
-    {"_eof", (getter)tr_get_eof_attr, NULL, NULL, NULL},
-    {"_protocol_paused", (getter)tr_get_protocol_paused, NULL, NULL, NULL},
-    {"_protocol", (getter)tr_get_protocol, NULL, NULL, NULL},
-    {"_sendfile_compatible", (getter)tr_get_sendfile_compatible, NULL, NULL, NULL},
-    {"_start_tls_compatible", (getter)tr_get_start_tls_compatible, NULL, NULL,
+static PyGetSetDef tl_tr_getset[] = {
+    {"_sock", (getter)tl_tr_get_sock_attr, NULL, NULL, NULL},
+    {"_sock_fd", (getter)tl_tr_get_fd_attr, NULL, NULL, NULL},
+    {"_loop", (getter)tl_tr_get_loop_attr, NULL, NULL, NULL},
+    {"_server", (getter)tl_tr_get_server_attr, NULL, NULL, NULL},
+    {"_conn_lost", (getter)tl_tr_get_conn_lost, NULL, NULL, NULL},
+    {"_closing", (getter)tl_tr_get_closing_attr, NULL, NULL, NULL},
+    {"_paused", (getter)tl_tr_get_paused_attr, NULL, NULL, NULL},
+    {"_eof", (getter)tl_tr_get_eof_attr, NULL, NULL, NULL},
+    {"_protocol_paused", (getter)tl_tr_get_protocol_paused, NULL, NULL, NULL},
+    {"_protocol", (getter)tl_tr_get_protocol, NULL, NULL, NULL},
+    {"_sendfile_compatible", (getter)tl_tr_get_sendfile_compatible, NULL, NULL, NULL},
+    {"_start_tls_compatible", (getter)tl_tr_get_start_tls_compatible, NULL, NULL,
      NULL},
     {NULL}
 };
 
-static PyMemberDef tr_members[] = {
+PyMemberDef tl_tr_members[] = {
     {"__weaklistoffset__", T_PYSSIZET,
      offsetof(SocketTransportObject, weakreflist), READONLY, NULL},
+    {"__dictoffset__", T_PYSSIZET, offsetof(SocketTransportObject, dict),
+     READONLY, NULL},
     {NULL}
 };
 
-static PyType_Slot tr_slots[] = {
-    {Py_tp_dealloc, tr_dealloc},
-    {Py_tp_finalize, tr_finalize},
-    {Py_tp_traverse, tr_traverse},
-    {Py_tp_clear, tr_clear},
-    {Py_tp_repr, tr_repr},
-    {Py_tp_methods, tr_methods},
-    {Py_tp_getset, tr_getset},
-    {Py_tp_members, tr_members},
+static PyType_Slot tl_tr_slots[] = {
+    {Py_tp_dealloc, tl_tr_dealloc},
+    {Py_tp_finalize, tl_tr_finalize},
+    {Py_tp_traverse, tl_tr_traverse},
+    {Py_tp_clear, tl_tr_clear},
+    {Py_tp_repr, tl_tr_repr},
+    {Py_tp_methods, tl_tr_methods},
+    {Py_tp_getset, tl_tr_getset},
+    {Py_tp_members, tl_tr_members},
     {Py_tp_doc, "A TCP or Unix stream socket transport."},
     {0, NULL}
 };
@@ -1548,7 +1542,7 @@ PyType_Spec tl_socket_transport_spec = {
     .basicsize = sizeof(SocketTransportObject),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
              Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
-    .slots = tr_slots,
+    .slots = tl_tr_slots,
 };
 
 /* ==== the accept path ==== */
@@ -1583,7 +1577,7 @@ listener_out_of_resources(ListenerObject *self)
 {
     tl_state *st = self->loop->state;
     PyErr_SetFromErrno(PyExc_OSError);
-    PyObject *exc = fetch_exception();
+    PyObject *exc = tl_tr_fetch_exception();
     PyObject *tsock = PyObject_CallOneArg(st->TransportSocket, self->sock);
     int rc = tsock ? tl_loop_report(self->loop,
                                     "socket.accept() out of system resource",
@@ -1630,8 +1624,9 @@ listener_new_connection(ListenerObject *self, int cfd, struct sockaddr *addr,
     PyObject *protocol = PyObject_CallNoArgs(self->protocol_factory);
     SocketTransportObject *tr = NULL;
     if (protocol != NULL) {
-        tr = tr_create(loop, cfd, NULL, self->family, self->type, self->proto,
-                       protocol, NULL, NULL, self->server, addr, alen);
+        tr = tl_tr_create(loop, loop->state->SocketTransportType, TL_TR_STREAM,
+                          cfd, NULL, self->family, self->type, self->proto,
+                          protocol, NULL, NULL, self->server, addr, alen);
     }
     if (tr != NULL) {
         Py_DECREF(protocol);
@@ -1639,11 +1634,11 @@ listener_new_connection(ListenerObject *self, int cfd, struct sockaddr *addr,
         return 0;
     }
     close(cfd);
-    if (is_fatal_base_exception()) {
+    if (tl_tr_is_fatal_base_exception()) {
         Py_XDECREF(protocol);
         return -1;
     }
-    PyObject *exc = fetch_exception();
+    PyObject *exc = tl_tr_fetch_exception();
     int rc = 0;
     if (loop->debug)
         rc = tl_loop_report(loop, "Error on transport creation for incoming "

@@ -1,0 +1,641 @@
+/* Datagram socket transports (UDP and Unix datagrams).
+ *
+ * Behaviour follows asyncio's _SelectorDatagramTransport
+ * (selector_events.py): OSErrors on send and receive go to the protocol's
+ * error_received(), anything else is fatal; what cannot be sent now is
+ * queued as (bytes, address) and sent when the socket is writable, with
+ * pause_writing()/resume_writing() at the watermarks.
+ *
+ * What differs is how: up to DGRAM_BATCH datagrams are received per
+ * readiness event with one recvmmsg(), the source address object is reused
+ * while the source stays the same, and numeric IPv4/IPv6 and Unix
+ * destinations are converted in C (anything else goes through
+ * socket.sendto(), so its errors are the socket module's). */
+#define _GNU_SOURCE
+#include "transport.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define DGRAM_MAX_SIZE (256 * 1024)   /* asyncio's max_size for recvfrom() */
+#define DGRAM_BATCH 8
+#define DGRAM_SLOT_SIZE (64 * 1024)   /* any UDP datagram fits */
+#define DGRAM_BUF_SIZE (DGRAM_BATCH * DGRAM_SLOT_SIZE)   /* >= DGRAM_MAX_SIZE */
+
+/* ---- addresses ---- */
+
+/* The source address as a Python object, reusing the last one when the
+ * source is the same (an echo server sees the same few peers). */
+static PyObject *
+source_address(SocketTransportObject *self, struct sockaddr_storage *sa,
+               socklen_t len)
+{
+    if (self->last_from != NULL && len == self->last_from_len &&
+        memcmp(sa, &self->last_from_sa, len) == 0)
+        return Py_NewRef(self->last_from);
+    PyObject *addr = tl_sockaddr_to_py((struct sockaddr *)sa, len);
+    if (addr == NULL)
+        return NULL;
+    Py_XSETREF(self->last_from, Py_NewRef(addr));
+    memcpy(&self->last_from_sa, sa, len);
+    self->last_from_len = len;
+    return addr;
+}
+
+/* Convert a destination in C when it is one of the common, unambiguous
+ * forms.  1: converted; 0: leave it to socket.sendto(); -1: error. */
+static int
+dest_address(SocketTransportObject *self, PyObject *addr,
+             struct sockaddr_storage *sa, socklen_t *len)
+{
+    if (addr == self->last_from && self->last_from != NULL) {
+        memcpy(sa, &self->last_from_sa, self->last_from_len);
+        *len = self->last_from_len;
+        return 1;
+    }
+    memset(sa, 0, sizeof(*sa));
+    if (self->family == AF_UNIX) {
+        if (!PyUnicode_Check(addr))
+            return 0;
+        Py_ssize_t n;
+        const char *path = PyUnicode_AsUTF8AndSize(addr, &n);
+        if (path == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        struct sockaddr_un *un = (struct sockaddr_un *)sa;
+        if (n == 0 || path[0] == '\0' || (size_t)n >= sizeof(un->sun_path))
+            return 0;
+        un->sun_family = AF_UNIX;
+        memcpy(un->sun_path, path, (size_t)n);
+        *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1);
+        return 1;
+    }
+    if (!PyTuple_CheckExact(addr) || PyTuple_GET_SIZE(addr) != 2)
+        return 0;
+    PyObject *host = PyTuple_GET_ITEM(addr, 0), *port = PyTuple_GET_ITEM(addr, 1);
+    if (!PyUnicode_Check(host) || !PyLong_CheckExact(port))
+        return 0;
+    long p = PyLong_AsLong(port);
+    if (p < 0 || p > 65535) {
+        PyErr_Clear();
+        return 0;
+    }
+    const char *h = PyUnicode_AsUTF8(host);
+    if (h == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (self->family == AF_INET) {
+        struct sockaddr_in *in = (struct sockaddr_in *)sa;
+        if (inet_pton(AF_INET, h, &in->sin_addr) != 1)
+            return 0;
+        in->sin_family = AF_INET;
+        in->sin_port = htons((uint16_t)p);
+        *len = sizeof(*in);
+        return 1;
+    }
+    if (self->family == AF_INET6) {
+        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)sa;
+        if (strchr(h, '%') != NULL || inet_pton(AF_INET6, h, &in6->sin6_addr) != 1)
+            return 0;
+        in6->sin6_family = AF_INET6;
+        in6->sin6_port = htons((uint16_t)p);
+        *len = sizeof(*in6);
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- sending ---- */
+
+enum { SENT = 0, WOULD_BLOCK = 1, SEND_OSERROR = -2, SEND_ERROR = -1 };
+
+/* Send one datagram.  SEND_OSERROR and SEND_ERROR leave an exception set. */
+static int
+send_one(SocketTransportObject *self, PyObject *obj, const char *data,
+         Py_ssize_t len, PyObject *addr)
+{
+    ssize_t n;
+    /* asyncio sends without an address when extra['peername'] is true:
+     * an unnamed Unix peer ('') does not count. */
+    int connected = self->peer_len > (self->family == AF_UNIX
+                                          ? (socklen_t)offsetof(struct sockaddr_un,
+                                                                sun_path)
+                                          : 0);
+    if (connected || addr == NULL || addr == Py_None) {
+        if (!connected) {
+            /* What socket.sendto(data, None) says, asyncio's path. */
+            goto via_socket;
+        }
+        do {
+            n = send(self->fd, data, (size_t)len, MSG_NOSIGNAL);
+        } while (n < 0 && errno == EINTR);
+    }
+    else {
+        struct sockaddr_storage sa;
+        socklen_t salen;
+        int rc = dest_address(self, addr, &sa, &salen);
+        if (rc < 0)
+            return SEND_ERROR;
+        if (rc == 0)
+            goto via_socket;
+        do {
+            n = sendto(self->fd, data, (size_t)len, MSG_NOSIGNAL,
+                       (struct sockaddr *)&sa, salen);
+        } while (n < 0 && errno == EINTR);
+    }
+    if (n >= 0)
+        return SENT;
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return WOULD_BLOCK;
+    PyErr_SetFromErrno(PyExc_OSError);
+    return SEND_OSERROR;
+
+via_socket:;
+    PyObject *sock = PyObject_GetAttrString((PyObject *)self, "_sock");
+    if (sock == NULL)
+        return SEND_ERROR;
+    PyObject *bytes = obj != NULL && PyBytes_CheckExact(obj)
+                          ? Py_NewRef(obj)
+                          : PyBytes_FromStringAndSize(data, len);
+    PyObject *r = bytes ? PyObject_CallMethod(sock, "sendto", "OO", bytes,
+                                              addr ? addr : Py_None)
+                        : NULL;
+    Py_XDECREF(bytes);
+    Py_DECREF(sock);
+    if (r != NULL) {
+        Py_DECREF(r);
+        return SENT;
+    }
+    if (PyErr_ExceptionMatches(PyExc_BlockingIOError) ||
+        PyErr_ExceptionMatches(PyExc_InterruptedError)) {
+        PyErr_Clear();
+        return WOULD_BLOCK;
+    }
+    return PyErr_ExceptionMatches(PyExc_OSError) ? SEND_OSERROR : SEND_ERROR;
+}
+
+/* protocol.error_received(exc) for the pending OSError.  An exception it
+ * raises is the caller's, as in asyncio. */
+static int
+error_received(SocketTransportObject *self)
+{
+    PyObject *exc = tl_tr_fetch_exception();
+    PyObject *r = PyObject_CallMethod(self->protocol, "error_received", "O", exc);
+    Py_XDECREF(exc);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static int
+send_failed(SocketTransportObject *self, int rc, const char *message)
+{
+    if (rc == SEND_OSERROR)
+        return error_received(self);
+    return tl_tr_fail(self, message);
+}
+
+/* sendto(data, addr=None), parsed by hand: it runs once per datagram. */
+static PyObject *
+dg_sendto(SocketTransportObject *self, PyObject *const *args, Py_ssize_t nargs,
+          PyObject *kwnames)
+{
+    PyObject *data = nargs > 0 ? args[0] : NULL;
+    PyObject *addr = nargs > 1 ? args[1] : NULL;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs > 2) {
+        PyErr_Format(PyExc_TypeError,
+                     "sendto() takes at most 2 arguments (%zd given)", nargs + nkw);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+        PyObject **slot;
+        if (PyUnicode_CompareWithASCIIString(k, "data") == 0)
+            slot = &data;
+        else if (PyUnicode_CompareWithASCIIString(k, "addr") == 0)
+            slot = &addr;
+        else {
+            PyErr_Format(PyExc_TypeError,
+                         "sendto() got an unexpected keyword argument '%U'", k);
+            return NULL;
+        }
+        if (*slot != NULL) {
+            PyErr_Format(PyExc_TypeError,
+                         "sendto() got multiple values for argument '%U'", k);
+            return NULL;
+        }
+        *slot = args[nargs + i];
+    }
+    if (data == NULL) {
+        PyErr_SetString(PyExc_TypeError,
+                        "sendto() missing required argument 'data' (pos 1)");
+        return NULL;
+    }
+    if (addr == NULL)
+        addr = Py_None;
+    if (!PyBytes_Check(data) && !PyByteArray_Check(data) &&
+        !PyMemoryView_Check(data)) {
+        PyErr_Format(PyExc_TypeError,
+                     "data argument must be a bytes-like object, not '%.200s'",
+                     _PyType_Name(Py_TYPE(data)));
+        return NULL;
+    }
+    Py_buffer view;
+    PyObject *copy = NULL;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
+        /* Not contiguous: socket.sendto() would refuse it (fatal, as in
+         * asyncio); a queued datagram is bytes(data). */
+        if (!PyErr_ExceptionMatches(PyExc_BufferError))
+            return NULL;
+        if (self->wq_len == 0 && !(self->address && self->conn_lost)) {
+            if (tl_tr_fail(self, "Fatal write error on datagram transport") < 0)
+                return NULL;
+            Py_RETURN_NONE;
+        }
+        PyErr_Clear();
+        copy = PyBytes_FromObject(data);
+        if (copy == NULL || PyObject_GetBuffer(copy, &view, PyBUF_SIMPLE) < 0) {
+            Py_XDECREF(copy);
+            return NULL;
+        }
+        data = copy;
+    }
+    int rc = 0;
+    if (view.len == 0)
+        goto done;
+    if (self->address != NULL) {
+        if (addr != Py_None && addr != self->address) {
+            int eq = PyObject_RichCompareBool(addr, self->address, Py_EQ);
+            if (eq < 0) {
+                rc = -1;
+                goto done;
+            }
+            if (!eq) {
+                PyErr_Format(PyExc_ValueError,
+                             "Invalid address: must be None or %S", self->address);
+                rc = -1;
+                goto done;
+            }
+        }
+        addr = self->address;
+        if (self->conn_lost) {
+            if (self->conn_lost >= LOG_THRESHOLD_FOR_CONNLOST_WRITES) {
+                PyObject *r = PyObject_CallMethod(self->loop->state->logger,
+                                                  "warning", "s",
+                                                  "socket.send() raised exception.");
+                if (r == NULL) {
+                    rc = -1;
+                    goto done;
+                }
+                Py_DECREF(r);
+            }
+            self->conn_lost++;
+            goto done;
+        }
+    }
+    if (self->wq_len == 0) {
+        int s = send_one(self, data, view.buf, view.len, addr);
+        if (s == SENT)
+            goto done;
+        if (s != WOULD_BLOCK) {
+            rc = send_failed(self, s, "Fatal write error on datagram transport");
+            goto done;
+        }
+        if (tl_tr_add_writer(self) < 0) {
+            rc = -1;
+            goto done;
+        }
+    }
+    /* Queue an immutable copy, with its destination. */
+    rc = tl_wq_push(self, data, view.buf, view.len);
+    if (rc == 0) {
+        wchunk *c = &self->wq[(self->wq_head + self->wq_len - 1) % self->wq_cap];
+        c->addr = Py_NewRef(addr);
+        rc = tl_tr_maybe_pause_protocol(self);
+    }
+done:
+    PyBuffer_Release(&view);
+    Py_XDECREF(copy);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+dg_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    while (self->wq_len && self->fd >= 0) {
+        wchunk *c = &self->wq[self->wq_head];
+        int s = send_one(self, c->obj, c->data, c->len, c->addr);
+        if (s == WOULD_BLOCK)
+            break;
+        /* Sent or failed: either way this datagram leaves the queue. */
+        tl_wq_consume(self, c->len);
+        if (s != SENT) {
+            if (send_failed(self, s, "Fatal write error on datagram transport") < 0)
+                return NULL;
+            Py_RETURN_NONE;
+        }
+    }
+    if (tl_tr_maybe_resume_protocol(self) < 0)   /* may queue more */
+        return NULL;
+    if (self->wq_len == 0) {
+        if (tl_tr_remove_writer(self) < 0)
+            return NULL;
+        if (self->head.closing)
+            return tl_tr_call_connection_lost(self, Py_None);
+    }
+    Py_RETURN_NONE;
+}
+
+/* ---- receiving ---- */
+
+/* Hand datagram i of the batch to the protocol.  An exception from
+ * datagram_received is the callback's, as in asyncio. */
+static int
+deliver(SocketTransportObject *self, PyObject *data, PyObject *addr)
+{
+    PyObject *cargs[3] = {self->protocol, data, addr};
+    PyObject *r = PyObject_VectorcallMethod(
+        self->loop->state->str_datagram_received, cargs,
+        3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static int
+dg_can_deliver(SocketTransportObject *self)
+{
+    return !self->conn_lost && self->fd >= 0 && tl_tr_is_reading(self);
+}
+
+/* Deliver what a batch left over (reading was paused in between); what is
+ * still left stays for the next call. */
+static int
+deliver_pending(SocketTransportObject *self)
+{
+    while (self->pending != NULL && PyList_GET_SIZE(self->pending) > 0) {
+        if (!dg_can_deliver(self))
+            return 0;
+        PyObject *item = Py_NewRef(PyList_GET_ITEM(self->pending, 0));
+        if (PyList_SetSlice(self->pending, 0, 1, NULL) < 0) {
+            Py_DECREF(item);
+            return -1;
+        }
+        int rc = deliver(self, PyTuple_GET_ITEM(item, 0),
+                         PyTuple_GET_ITEM(item, 1));
+        Py_DECREF(item);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* One recvmmsg() takes up to DGRAM_BATCH datagrams (one syscall where
+ * asyncio makes one recvfrom() per datagram and per loop iteration).  All
+ * are turned into (bytes, address) before any is delivered: the receive
+ * area is the loop's.  If a callback pauses reading, the rest waits in
+ * self->pending; if it closes the transport, the rest is dropped, as the
+ * kernel's queue would be. */
+static PyObject *
+dg_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (deliver_pending(self) < 0)
+        return NULL;
+    if (!dg_can_deliver(self) ||
+        (self->pending != NULL && PyList_GET_SIZE(self->pending) > 0))
+        Py_RETURN_NONE;
+    LoopObject *loop = self->loop;
+    if (loop->dgram_buf == NULL) {
+        loop->dgram_buf = PyMem_Malloc(DGRAM_BUF_SIZE);
+        if (loop->dgram_buf == NULL)
+            return PyErr_NoMemory();
+    }
+    /* A UDP datagram fits in 64 KiB; a Unix one may be larger (up to the
+     * socket buffer), so those are received one at a time into all of it. */
+    int vlen = self->family == AF_UNIX ? 1 : DGRAM_BATCH;
+    size_t slot = self->family == AF_UNIX ? DGRAM_MAX_SIZE : DGRAM_SLOT_SIZE;
+    struct mmsghdr msgs[DGRAM_BATCH];
+    struct iovec iov[DGRAM_BATCH];
+    struct sockaddr_storage addrs[DGRAM_BATCH];
+    for (int i = 0; i < vlen; i++) {
+        iov[i].iov_base = loop->dgram_buf + (size_t)i * slot;
+        iov[i].iov_len = slot;
+        memset(&msgs[i].msg_hdr, 0, sizeof(msgs[i].msg_hdr));
+        msgs[i].msg_hdr.msg_iov = &iov[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+        msgs[i].msg_hdr.msg_name = &addrs[i];
+        msgs[i].msg_hdr.msg_namelen = sizeof(addrs[i]);
+    }
+    int n;
+    do {
+        n = recvmmsg(self->fd, msgs, (unsigned int)vlen, 0, NULL);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            Py_RETURN_NONE;
+        PyErr_SetFromErrno(PyExc_OSError);
+        if (error_received(self) < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *batch[DGRAM_BATCH][2];
+    for (int i = 0; i < n; i++) {
+        batch[i][0] = PyBytes_FromStringAndSize(iov[i].iov_base,
+                                                (Py_ssize_t)msgs[i].msg_len);
+        batch[i][1] = batch[i][0] == NULL ? NULL
+                      : source_address(self, &addrs[i], msgs[i].msg_hdr.msg_namelen);
+        if (batch[i][1] == NULL) {
+            for (int j = 0; j <= i; j++) {
+                Py_XDECREF(batch[j][0]);
+                Py_XDECREF(batch[j][1]);
+            }
+            return NULL;
+        }
+    }
+    int rc = 0, i = 0;
+    for (; i < n && rc == 0; i++) {
+        if (!dg_can_deliver(self)) {
+            if (self->conn_lost || self->fd < 0)
+                break;   /* closed: the rest is dropped */
+            /* paused: keep the rest for resume_reading() */
+            if (self->pending == NULL && (self->pending = PyList_New(0)) == NULL) {
+                rc = -1;
+                break;
+            }
+            for (; i < n && rc == 0; i++) {
+                PyObject *t = PyTuple_Pack(2, batch[i][0], batch[i][1]);
+                if (t == NULL || PyList_Append(self->pending, t) < 0)
+                    rc = -1;
+                Py_XDECREF(t);
+                Py_DECREF(batch[i][0]);
+                Py_DECREF(batch[i][1]);
+            }
+            break;
+        }
+        rc = deliver(self, batch[i][0], batch[i][1]);
+        Py_DECREF(batch[i][0]);
+        Py_DECREF(batch[i][1]);
+    }
+    for (; i < n; i++) {
+        Py_DECREF(batch[i][0]);
+        Py_DECREF(batch[i][1]);
+    }
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* resume_reading(): what a batch left over is delivered first, soon. */
+static PyObject *
+dg_resume_reading(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    int was_paused = self->paused && !self->head.closing;
+    PyObject *r = tl_tr_resume_reading(self, NULL);
+    if (r == NULL || !was_paused || self->pending == NULL ||
+        PyList_GET_SIZE(self->pending) == 0)
+        return r;
+    Py_DECREF(r);
+    if (tl_loop_call_soon(self->loop, self->read_ready, NULL, 0) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ---- construction ---- */
+
+/* Loop._make_datagram_transport(sock, protocol, address=None, waiter=None,
+ * extra=None) */
+PyObject *
+tl_loop_make_datagram_transport(PyObject *loopobj, PyObject *args,
+                                PyObject *kwds)
+{
+    static char *kwlist[] = {"sock", "protocol", "address", "waiter", "extra",
+                             NULL};
+    PyObject *sock, *protocol, *address = Py_None, *waiter = Py_None,
+             *extra = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OOO:_make_datagram_transport",
+                                     kwlist, &sock, &protocol, &address, &waiter,
+                                     &extra))
+        return NULL;
+    LoopObject *loop = (LoopObject *)loopobj;
+    int family, type, proto;
+    PyObject *v;
+    if ((v = PyObject_GetAttrString(sock, "family")) == NULL)
+        return NULL;
+    family = (int)PyLong_AsLong(v);
+    Py_DECREF(v);
+    if ((v = PyObject_GetAttrString(sock, "type")) == NULL)
+        return NULL;
+    type = (int)PyLong_AsLong(v);
+    Py_DECREF(v);
+    if ((v = PyObject_GetAttrString(sock, "proto")) == NULL)
+        return NULL;
+    proto = (int)PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (PyErr_Occurred())
+        return NULL;
+    int fd = PyObject_AsFileDescriptor(sock);
+    if (fd < 0)
+        return NULL;
+    SocketTransportObject *tr = tl_tr_create(
+        loop, loop->state->DatagramTransportType, TL_TR_DGRAM, fd, sock, family,
+        type, proto, protocol, waiter, extra, NULL, NULL, 0);
+    if (tr == NULL)
+        return NULL;
+    int truth = PyObject_IsTrue(address);
+    if (truth < 0) {
+        Py_DECREF(tr);
+        return NULL;
+    }
+    if (truth)
+        tr->address = Py_NewRef(address);
+    return (PyObject *)tr;
+}
+
+/* ---- attributes ---- */
+
+static PyObject *
+dg_get_address(SocketTransportObject *self, void *Py_UNUSED(c))
+{
+    return Py_NewRef(self->address ? self->address : Py_None);
+}
+
+static PyObject *
+dg_get_max_size(SocketTransportObject *Py_UNUSED(self), void *Py_UNUSED(c))
+{
+    return PyLong_FromLong(DGRAM_MAX_SIZE);
+}
+
+static PyGetSetDef dg_getset[] = {
+    {"_sock", (getter)tl_tr_get_sock_attr, NULL, NULL, NULL},
+    {"_sock_fd", (getter)tl_tr_get_fd_attr, NULL, NULL, NULL},
+    {"_loop", (getter)tl_tr_get_loop_attr, NULL, NULL, NULL},
+    {"_conn_lost", (getter)tl_tr_get_conn_lost, NULL, NULL, NULL},
+    {"_closing", (getter)tl_tr_get_closing_attr, NULL, NULL, NULL},
+    {"_paused", (getter)tl_tr_get_paused_attr, NULL, NULL, NULL},
+    {"_protocol", (getter)tl_tr_get_protocol, NULL, NULL, NULL},
+    {"_protocol_paused", (getter)tl_tr_get_protocol_paused, NULL, NULL, NULL},
+    {"_address", (getter)dg_get_address, NULL, NULL, NULL},
+    {"max_size", (getter)dg_get_max_size, NULL, NULL, NULL},
+    {NULL}
+};
+
+static PyMethodDef dg_methods[] = {
+    {"sendto", (PyCFunction)(void (*)(void))dg_sendto,
+     METH_FASTCALL | METH_KEYWORDS, "Send a datagram; never blocks."},
+    {"close", (PyCFunction)tl_tr_close, METH_NOARGS, NULL},
+    {"abort", (PyCFunction)tl_tr_abort, METH_NOARGS, NULL},
+    {"is_closing", (PyCFunction)tl_tr_is_closing_meth, METH_NOARGS, NULL},
+    {"is_reading", (PyCFunction)tl_tr_is_reading_meth, METH_NOARGS, NULL},
+    {"pause_reading", (PyCFunction)tl_tr_pause_reading, METH_NOARGS, NULL},
+    {"resume_reading", (PyCFunction)dg_resume_reading, METH_NOARGS, NULL},
+    {"get_extra_info", (PyCFunction)(void (*)(void))tl_tr_get_extra_info,
+     METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"get_write_buffer_size", (PyCFunction)tl_tr_get_write_buffer_size,
+     METH_NOARGS, NULL},
+    {"get_write_buffer_limits", (PyCFunction)tl_tr_get_write_buffer_limits,
+     METH_NOARGS, NULL},
+    {"set_write_buffer_limits",
+     (PyCFunction)(void (*)(void))tl_tr_set_write_buffer_limits,
+     METH_VARARGS | METH_KEYWORDS, NULL},
+    {"get_protocol", (PyCFunction)tl_tr_get_protocol, METH_NOARGS, NULL},
+    {"set_protocol", (PyCFunction)tl_tr_set_protocol, METH_O, NULL},
+    {"_read_ready", (PyCFunction)dg_read_ready, METH_NOARGS, NULL},
+    {"_write_ready", (PyCFunction)dg_write_ready, METH_NOARGS, NULL},
+    {"_start_reading", (PyCFunction)tl_tr_start_reading, METH_NOARGS, NULL},
+    {"_call_connection_lost", (PyCFunction)tl_tr_call_connection_lost, METH_O,
+     NULL},
+    {"_force_close", (PyCFunction)tl_tr_force_close_meth, METH_O, NULL},
+    {NULL}
+};
+
+static PyType_Slot dg_slots[] = {
+    {Py_tp_dealloc, tl_tr_dealloc},
+    {Py_tp_finalize, tl_tr_finalize},
+    {Py_tp_traverse, tl_tr_traverse},
+    {Py_tp_clear, tl_tr_clear},
+    {Py_tp_repr, tl_tr_repr},
+    {Py_tp_methods, dg_methods},
+    {Py_tp_getset, dg_getset},
+    {Py_tp_members, tl_tr_members},
+    {Py_tp_doc, "A UDP or Unix datagram socket transport."},
+    {0, NULL}
+};
+
+PyType_Spec tl_datagram_transport_spec = {
+    .name = "tideloop.DatagramTransport",
+    .basicsize = sizeof(SocketTransportObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
+             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = dg_slots,
+};

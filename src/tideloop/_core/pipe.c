@@ -1,0 +1,544 @@
+/* Pipe transports: the read end and the write end.
+ *
+ * Behaviour follows asyncio's _UnixReadPipeTransport and
+ * _UnixWritePipeTransport (unix_events.py): the same callbacks in the same
+ * order, the same errors and log messages.  The machinery (registration,
+ * the write queue, flow control, extra info, finalisation) is the socket
+ * transports' (transport.h); reads use the loop's spare bytes as the stream
+ * transports do, writes are tried at once and the rest is flushed with
+ * writev(). */
+#define _GNU_SOURCE
+#include "transport.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define WRITEV_MAX 64
+
+/* asyncio's pipe _close(exc): stop watching, drop the queue, and schedule
+ * connection_lost -- once (asyncio would schedule it twice on a second
+ * abort(), and the second call would fail on a cleared protocol). */
+int
+tl_pipe_close(SocketTransportObject *self, PyObject *exc)
+{
+    self->head.closing = 1;
+    if (self->lost_scheduled)
+        return 0;
+    if (self->wq_len) {
+        if (tl_tr_remove_writer(self) < 0)
+            return -1;
+    }
+    tl_wq_clear(self);
+    if (tl_tr_remove_reader(self) < 0)
+        return -1;
+    self->lost_scheduled = 1;
+    return tl_tr_schedule_connection_lost(self, exc);
+}
+
+static int
+log_closed_by_peer(SocketTransportObject *self)
+{
+    if (!self->loop->debug)
+        return 0;
+    PyObject *r = PyObject_CallMethod(self->loop->state->logger, "info", "sO",
+                                      "%r was closed by peer", (PyObject *)self);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *
+pipe_close_meth_result(int rc)
+{
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ---- the read end ---- */
+
+static PyObject *
+rp_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->fd < 0 || self->lost_scheduled)
+        Py_RETURN_NONE;
+    LoopObject *loop = self->loop;
+    PyObject *data;
+    ssize_t n = tl_loop_read_spare(loop, self->fd, TL_SPARE_SIZE, 1, &data);
+    if (n == -2)
+        return NULL;
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            Py_RETURN_NONE;
+        PyObject *exc = tl_tr_os_error();
+        int rc = tl_tr_fatal_error(self, exc, "Fatal read error on pipe transport");
+        Py_XDECREF(exc);
+        return pipe_close_meth_result(rc);
+    }
+    if (n == 0) {
+        /* EOF: eof_received and connection_lost follow, each in its own
+         * callback, whatever eof_received returns. */
+        if (log_closed_by_peer(self) < 0)
+            return NULL;
+        self->head.closing = 1;
+        if (tl_tr_remove_reader(self) < 0)
+            return NULL;
+        PyObject *eof = PyObject_GetAttrString(self->protocol, "eof_received");
+        if (eof == NULL)
+            return NULL;
+        int rc = tl_loop_call_soon(loop, eof, NULL, 0);
+        Py_DECREF(eof);
+        if (rc < 0)
+            return NULL;
+        self->lost_scheduled = 1;
+        return pipe_close_meth_result(tl_tr_schedule_connection_lost(self, NULL));
+    }
+    /* As in asyncio, an exception from data_received is the callback's. */
+    PyObject *args[2] = {self->protocol, data};
+    PyObject *r = PyObject_VectorcallMethod(
+        loop->state->str_data_received, args,
+        2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(data);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+rp_close(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->head.closing)
+        Py_RETURN_NONE;
+    return pipe_close_meth_result(tl_pipe_close(self, NULL));
+}
+
+static PyObject *
+pipe_repr(SocketTransportObject *self)
+{
+    const char *state = self->fd < 0 ? " closed" : self->head.closing ? " closing" : "";
+    const char *name = _PyType_Name(Py_TYPE(self));
+    if (self->fd < 0)
+        return PyUnicode_FromFormat("<%s%s fd=%d closed>", name, state,
+                                    self->fd);
+    if (self->loop->closed)   /* what asyncio shows without a selector */
+        return PyUnicode_FromFormat("<%s%s fd=%d open>", name, state, self->fd);
+    if (self->kind == TL_TR_READ_PIPE)
+        return PyUnicode_FromFormat(
+            "<%s%s fd=%d %s>", name, state, self->fd,
+            (self->watching & TL_POLL_READ) ? "polling" : "idle");
+    return PyUnicode_FromFormat(
+        "<%s%s fd=%d %s bufsize=%zd>", name, state, self->fd,
+        (self->watching & TL_POLL_WRITE) ? "polling" : "idle",
+        self->buffer_size);
+}
+
+/* ---- the write end ---- */
+
+static int
+wp_fatal_write(SocketTransportObject *self)
+{
+    PyObject *exc = tl_tr_fetch_exception();
+    int rc = tl_tr_fatal_error(self, exc, "Fatal write error on pipe transport");
+    Py_XDECREF(exc);
+    return rc;
+}
+
+static PyObject *
+wp_write(SocketTransportObject *self, PyObject *data)
+{
+    /* asyncio asserts the type here. */
+    if (!PyBytes_Check(data) && !PyByteArray_Check(data) &&
+        !PyMemoryView_Check(data)) {
+        PyObject *r = PyObject_Repr(data);
+        if (r != NULL) {
+            PyErr_SetObject(PyExc_AssertionError, r);
+            Py_DECREF(r);
+        }
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
+        int rc = tl_tr_unusable_buffer(self, "Fatal write error on pipe transport",
+                                       "can't concat memoryview to bytearray");
+        if (rc < 0)
+            return NULL;
+        if (rc == 0)
+            Py_RETURN_NONE;
+        /* already lost or closing: count it as below, with a stand-in */
+        data = Py_None;
+        view.buf = NULL;
+        view.len = 1;
+        view.obj = NULL;
+    }
+    int rc = 0;
+    if (view.len == 0)
+        goto done;
+    if (self->conn_lost || self->head.closing) {
+        if (self->conn_lost >= LOG_THRESHOLD_FOR_CONNLOST_WRITES) {
+            PyObject *r = PyObject_CallMethod(
+                self->loop->state->logger, "warning", "s",
+                "pipe closed by peer or os.write(pipe, data) raised exception.");
+            if (r == NULL) {
+                rc = -1;
+                goto done;
+            }
+            Py_DECREF(r);
+        }
+        self->conn_lost++;
+        goto done;
+    }
+    const char *p = view.buf;
+    Py_ssize_t len = view.len;
+    if (self->wq_len == 0) {
+        ssize_t n;
+        do {
+            n = write(self->fd, p, (size_t)len);
+        } while (n < 0 && errno == EINTR);
+        if (n < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                PyErr_SetFromErrno(PyExc_OSError);
+                self->conn_lost++;
+                rc = wp_fatal_write(self);
+                goto done;
+            }
+            n = 0;
+        }
+        if (n == len)
+            goto done;
+        p += n;
+        len -= n;
+        if (tl_tr_add_writer(self) < 0) {
+            rc = -1;
+            goto done;
+        }
+    }
+    rc = tl_wq_push(self, data, p, len);
+    if (rc == 0)
+        rc = tl_tr_maybe_pause_protocol(self);
+done:
+    if (view.obj != NULL)
+        PyBuffer_Release(&view);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+wp_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->fd < 0 || self->wq_len == 0)
+        Py_RETURN_NONE;
+    struct iovec iov[WRITEV_MAX];
+    int cnt = 0;
+    for (size_t i = 0; i < self->wq_len && cnt < WRITEV_MAX; i++, cnt++) {
+        wchunk *c = &self->wq[(self->wq_head + i) % self->wq_cap];
+        Py_ssize_t off = i == 0 ? self->wq_off : 0;
+        iov[cnt].iov_base = (char *)c->data + off;
+        iov[cnt].iov_len = (size_t)(c->len - off);
+    }
+    ssize_t n;
+    do {
+        n = writev(self->fd, iov, cnt);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            Py_RETURN_NONE;
+        PyErr_SetFromErrno(PyExc_OSError);
+        tl_wq_clear(self);
+        self->conn_lost++;
+        PyObject *exc = tl_tr_fetch_exception();
+        int rc = tl_tr_remove_writer(self);
+        if (rc == 0)
+            rc = tl_tr_fatal_error(self, exc, "Fatal write error on pipe transport");
+        Py_XDECREF(exc);
+        return pipe_close_meth_result(rc);
+    }
+    tl_wq_consume(self, n);
+    if (self->wq_len)
+        Py_RETURN_NONE;
+    if (tl_tr_remove_writer(self) < 0)
+        return NULL;
+    if (tl_tr_maybe_resume_protocol(self) < 0)   /* may write more */
+        return NULL;
+    if (self->head.closing && !self->lost_scheduled) {
+        if (tl_tr_remove_reader(self) < 0)
+            return NULL;
+        self->lost_scheduled = 1;
+        return tl_tr_call_connection_lost(self, Py_None);
+    }
+    Py_RETURN_NONE;
+}
+
+/* The read end of the pipe going away shows as "readable" on the write
+ * end (FIFOs and sockets): the peer closed. */
+static PyObject *
+wp_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->fd < 0 || self->lost_scheduled)
+        Py_RETURN_NONE;
+    if (log_closed_by_peer(self) < 0)
+        return NULL;
+    if (self->wq_len) {
+        PyObject *exc = PyObject_CallNoArgs(PyExc_BrokenPipeError);
+        if (exc == NULL)
+            return NULL;
+        int rc = tl_pipe_close(self, exc);
+        Py_DECREF(exc);
+        return pipe_close_meth_result(rc);
+    }
+    return pipe_close_meth_result(tl_pipe_close(self, NULL));
+}
+
+/* Scheduled after connection_made: watch for the peer closing. */
+static PyObject *
+wp_start_reading(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->pipe_watch_peer && self->fd >= 0 && !self->lost_scheduled &&
+        tl_tr_add_reader(self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+wp_write_eof(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->head.closing)
+        Py_RETURN_NONE;
+    self->head.closing = 1;
+    if (self->wq_len == 0 && !self->lost_scheduled) {
+        if (tl_tr_remove_reader(self) < 0)
+            return NULL;
+        self->lost_scheduled = 1;
+        if (tl_tr_schedule_connection_lost(self, NULL) < 0)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+wp_can_write_eof(SocketTransportObject *Py_UNUSED(self),
+                 PyObject *Py_UNUSED(ignored))
+{
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+wp_close(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->fd < 0 || self->head.closing)
+        Py_RETURN_NONE;
+    return wp_write_eof(self, NULL);
+}
+
+static PyObject *
+wp_abort(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return pipe_close_meth_result(tl_pipe_close(self, NULL));
+}
+
+/* ---- construction ---- */
+
+/* Loop._make_read_pipe_transport / _make_write_pipe_transport(pipe,
+ * protocol, waiter=None, extra=None) */
+static PyObject *
+make_pipe_transport(PyObject *loopobj, PyObject *args, PyObject *kwds,
+                    int kind)
+{
+    static char *kwlist[] = {"pipe", "protocol", "waiter", "extra", NULL};
+    PyObject *pipe, *protocol, *waiter = Py_None, *extra = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OO:_make_pipe_transport",
+                                     kwlist, &pipe, &protocol, &waiter, &extra))
+        return NULL;
+    LoopObject *loop = (LoopObject *)loopobj;
+    tl_state *st = loop->state;
+    /* pipe.fileno(), as asyncio calls it (a bare int is refused). */
+    PyObject *fdo = PyObject_CallMethod(pipe, "fileno", NULL);
+    if (fdo == NULL)
+        return NULL;
+    int fd = PyObject_AsFileDescriptor(fdo);
+    Py_DECREF(fdo);
+    if (fd < 0)
+        return NULL;
+    struct stat sb;
+    if (fstat(fd, &sb) < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    int is_fifo = S_ISFIFO(sb.st_mode), is_sock = S_ISSOCK(sb.st_mode),
+        is_char = S_ISCHR(sb.st_mode);
+    if (!(is_fifo || is_sock || is_char)) {
+        PyErr_SetString(PyExc_ValueError,
+                        kind == TL_TR_READ_PIPE
+                            ? "Pipe transport is for pipes/sockets only."
+                            : "Pipe transport is only for pipes, sockets and "
+                              "character devices");
+        return NULL;
+    }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    PyObject *xtra = PyDict_New();
+    if (xtra == NULL)
+        return NULL;
+    if ((extra != Py_None && PyDict_Update(xtra, extra) < 0) ||
+        PyDict_SetItemString(xtra, "pipe", pipe) < 0) {
+        Py_DECREF(xtra);
+        return NULL;
+    }
+    PyTypeObject *tp = kind == TL_TR_READ_PIPE ? st->ReadPipeTransportType
+                                               : st->WritePipeTransportType;
+    SocketTransportObject *tr = tl_tr_create(loop, tp, kind, fd, pipe, 0, 0, 0,
+                                             protocol, waiter, xtra, NULL, NULL, 0);
+    Py_DECREF(xtra);
+    if (tr == NULL)
+        return NULL;
+    /* asyncio's AIX exception aside: FIFOs and sockets report the peer
+     * closing as readability of the write end (watched from _start_reading,
+     * which runs after connection_made). */
+    tr->pipe_watch_peer = is_sock || is_fifo;
+    return (PyObject *)tr;
+}
+
+PyObject *
+tl_loop_make_read_pipe_transport(PyObject *loop, PyObject *args, PyObject *kwds)
+{
+    return make_pipe_transport(loop, args, kwds, TL_TR_READ_PIPE);
+}
+
+PyObject *
+tl_loop_make_write_pipe_transport(PyObject *loop, PyObject *args, PyObject *kwds)
+{
+    return make_pipe_transport(loop, args, kwds, TL_TR_WRITE_PIPE);
+}
+
+/* ---- attributes ---- */
+
+static PyObject *
+pipe_get_pipe(SocketTransportObject *self, void *Py_UNUSED(c))
+{
+    if (self->fd < 0 || self->sock == NULL)
+        Py_RETURN_NONE;
+    return Py_NewRef(self->sock);
+}
+
+/* `transport._pipe = None` forgets the pipe (asyncio's __del__ then has
+ * nothing to warn about or close); the caller closes it. */
+static int
+pipe_set_pipe(SocketTransportObject *self, PyObject *value, void *Py_UNUSED(c))
+{
+    if (value != Py_None) {
+        PyErr_SetString(PyExc_AttributeError, "_pipe can only be set to None");
+        return -1;
+    }
+    if (self->fd >= 0) {
+        if (!self->loop->closed &&
+            (tl_tr_remove_reader(self) < 0 || tl_tr_remove_writer(self) < 0))
+            return -1;
+        self->fd = -1;
+    }
+    Py_CLEAR(self->sock);
+    return 0;
+}
+
+static PyObject *
+pipe_get_fileno(SocketTransportObject *self, void *Py_UNUSED(c))
+{
+    return PyLong_FromLong(self->fd);
+}
+
+static PyGetSetDef pipe_getset[] = {
+    {"_pipe", (getter)pipe_get_pipe, (setter)pipe_set_pipe, NULL, NULL},
+    {"_fileno", (getter)pipe_get_fileno, NULL, NULL, NULL},
+    {"_loop", (getter)tl_tr_get_loop_attr, NULL, NULL, NULL},
+    {"_closing", (getter)tl_tr_get_closing_attr, NULL, NULL, NULL},
+    {"_paused", (getter)tl_tr_get_paused_attr, NULL, NULL, NULL},
+    {"_conn_lost", (getter)tl_tr_get_conn_lost, NULL, NULL, NULL},
+    {"_protocol", (getter)tl_tr_get_protocol, NULL, NULL, NULL},
+    {"_protocol_paused", (getter)tl_tr_get_protocol_paused, NULL, NULL, NULL},
+    {NULL}
+};
+
+#define COMMON_METHODS \
+    {"is_closing", (PyCFunction)tl_tr_is_closing_meth, METH_NOARGS, NULL}, \
+    {"get_extra_info", (PyCFunction)(void (*)(void))tl_tr_get_extra_info, \
+     METH_FASTCALL | METH_KEYWORDS, NULL}, \
+    {"get_protocol", (PyCFunction)tl_tr_get_protocol, METH_NOARGS, NULL}, \
+    {"set_protocol", (PyCFunction)tl_tr_set_protocol, METH_O, NULL}, \
+    {"_call_connection_lost", (PyCFunction)tl_tr_call_connection_lost, METH_O, \
+     NULL}
+
+static PyMethodDef rp_methods[] = {
+    {"close", (PyCFunction)rp_close, METH_NOARGS, NULL},
+    {"is_reading", (PyCFunction)tl_tr_is_reading_meth, METH_NOARGS, NULL},
+    {"pause_reading", (PyCFunction)tl_tr_pause_reading, METH_NOARGS, NULL},
+    {"resume_reading", (PyCFunction)tl_tr_resume_reading, METH_NOARGS, NULL},
+    {"_read_ready", (PyCFunction)rp_read_ready, METH_NOARGS, NULL},
+    {"_start_reading", (PyCFunction)tl_tr_start_reading, METH_NOARGS, NULL},
+    COMMON_METHODS,
+    {NULL}
+};
+
+static PyMethodDef wp_methods[] = {
+    {"write", (PyCFunction)wp_write, METH_O, "Write data; never blocks."},
+    {"write_eof", (PyCFunction)wp_write_eof, METH_NOARGS, NULL},
+    {"can_write_eof", (PyCFunction)wp_can_write_eof, METH_NOARGS, NULL},
+    {"close", (PyCFunction)wp_close, METH_NOARGS, NULL},
+    {"abort", (PyCFunction)wp_abort, METH_NOARGS, NULL},
+    {"get_write_buffer_size", (PyCFunction)tl_tr_get_write_buffer_size,
+     METH_NOARGS, NULL},
+    {"get_write_buffer_limits", (PyCFunction)tl_tr_get_write_buffer_limits,
+     METH_NOARGS, NULL},
+    {"set_write_buffer_limits",
+     (PyCFunction)(void (*)(void))tl_tr_set_write_buffer_limits,
+     METH_VARARGS | METH_KEYWORDS, NULL},
+    {"_read_ready", (PyCFunction)wp_read_ready, METH_NOARGS, NULL},
+    {"_write_ready", (PyCFunction)wp_write_ready, METH_NOARGS, NULL},
+    {"_start_reading", (PyCFunction)wp_start_reading, METH_NOARGS, NULL},
+    COMMON_METHODS,
+    {NULL}
+};
+
+static PyType_Slot rp_slots[] = {
+    {Py_tp_dealloc, tl_tr_dealloc},
+    {Py_tp_finalize, tl_tr_finalize},
+    {Py_tp_traverse, tl_tr_traverse},
+    {Py_tp_clear, tl_tr_clear},
+    {Py_tp_repr, pipe_repr},
+    {Py_tp_methods, rp_methods},
+    {Py_tp_getset, pipe_getset},
+    {Py_tp_members, tl_tr_members},
+    {Py_tp_doc, "The read end of a pipe (or a FIFO, socket or character device)."},
+    {0, NULL}
+};
+
+static PyType_Slot wp_slots[] = {
+    {Py_tp_dealloc, tl_tr_dealloc},
+    {Py_tp_finalize, tl_tr_finalize},
+    {Py_tp_traverse, tl_tr_traverse},
+    {Py_tp_clear, tl_tr_clear},
+    {Py_tp_repr, pipe_repr},
+    {Py_tp_methods, wp_methods},
+    {Py_tp_getset, pipe_getset},
+    {Py_tp_members, tl_tr_members},
+    {Py_tp_doc, "The write end of a pipe (or a FIFO, socket or character device)."},
+    {0, NULL}
+};
+
+PyType_Spec tl_read_pipe_transport_spec = {
+    .name = "tideloop.ReadPipeTransport",
+    .basicsize = sizeof(SocketTransportObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
+             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = rp_slots,
+};
+
+PyType_Spec tl_write_pipe_transport_spec = {
+    .name = "tideloop.WritePipeTransport",
+    .basicsize = sizeof(SocketTransportObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
+             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = wp_slots,
+};
