@@ -15,6 +15,7 @@ cd "$ROOT"
 if [ $# -eq 0 ]; then
     set -- tests/test_scheduling.py tests/test_timers.py tests/test_context_snapshots.py \
            tests/test_readers_writers.py tests/test_tcp_transport.py tests/test_sock_ops.py \
+           tests/test_udp.py tests/test_pipes.py \
            -k "tideloop and not accumulate"   # (that one is a timing test)
 fi
 LOG=$(mktemp)
