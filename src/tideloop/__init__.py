@@ -500,6 +500,8 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
 
     def _wait_child_thread(self, pid, transp):
         code = self._reap(pid, transp, 0)
+        if self.get_debug():
+            _logger.debug("process %s exited with returncode %s", pid, code)
         try:
             self.call_soon_threadsafe(transp._process_exited, code)
         except RuntimeError:

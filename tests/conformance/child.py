@@ -30,21 +30,27 @@ import unittest
 
 PKG = "test.test_asyncio."
 
+# Sides other than "stock" patch in the loop class given by --loop-factory
+# ("module:Class", e.g. "tideloop:Loop", "uvloop:Loop"). The classes the
+# adapters below create for a side are named with its prefix.
+LOOP_SIDES = {"tideloop": "Tideloop", "uvloop": "Uvloop"}
+
 # test_events: the concrete loop test classes of the stock module. Only the
 # epoll one is kept on the stock side (it is what asyncio.new_event_loop()
-# gives on Linux); the tideloop side replaces it with TideloopEventLoopTests.
-# Both are reported under the key "test_events.EventLoopTests.<method>" so
-# the two sides compare per test method.
+# gives on Linux); a loop side replaces it with <Prefix>EventLoopTests.
+# All are reported under the key "test_events.EventLoopTests.<method>" so
+# the sides compare per test method.
 EVENTS_LOOP_CLASSES = {"EPollEventLoopTests", "PollEventLoopTests",
                        "SelectEventLoopTests", "KqueueEventLoopTests",
-                       "TideloopEventLoopTests"}
+                       *(p + "EventLoopTests" for p in LOOP_SIDES.values())}
 EVENTS_STOCK_CLASS = "EPollEventLoopTests"
 EVENTS_KEY_CLASS = "EventLoopTests"
 
 
 # Modules whose tests build their loop in a method of a concrete class: the
-# stock side keeps that class (the epoll/selector loop), the tideloop side a
-# subclass "Tideloop<Class>" whose method returns a tideloop loop; both are
+# stock side keeps that class (the epoll/selector loop), a loop side a
+# subclass "<Prefix><Class>" (e.g. "Tideloop<Class>") whose method returns a
+# loop of the side's class; all are
 # reported under the stock class's name.  Other concrete loop classes of the
 # module (poll, select, kqueue variants) are left out on both sides.
 CLASS_SWAPS = {
@@ -69,7 +75,7 @@ def key_for(test_id):
     if len(parts) >= 3 and parts[0] == "test_events" and parts[1] in EVENTS_LOOP_CLASSES:
         parts[1] = EVENTS_KEY_CLASS
     if (len(parts) >= 3 and parts[0] in CLASS_SWAPS
-            and parts[1] == "Tideloop" + CLASS_SWAPS[parts[0]][0]):
+            and parts[1] in {p + CLASS_SWAPS[parts[0]][0] for p in LOOP_SIDES.values()}):
         parts[1] = CLASS_SWAPS[parts[0]][0]
     return ".".join(parts)
 
@@ -153,19 +159,14 @@ def check_patch(loop_cls, counter):
 
 def adapt_test_events(module, side, counter):
     """Select the loop test classes of test_events for this side."""
-    if side == "tideloop":
+    if side in LOOP_SIDES:
         te = module
         base = (te.UnixEventLoopTestsMixin, te.SubprocessTestsMixin,
                 te.test_utils.TestCase)
-
-        class TideloopEventLoopTests(*base):
-            def create_event_loop(self):
-                return counter()
-
-        TideloopEventLoopTests.__module__ = module.__name__
-        TideloopEventLoopTests.__qualname__ = "TideloopEventLoopTests"
-        module.TideloopEventLoopTests = TideloopEventLoopTests
-        keep = "TideloopEventLoopTests"
+        keep = LOOP_SIDES[side] + "EventLoopTests"
+        cls = type(keep, base, {"create_event_loop": lambda self: counter()})
+        cls.__module__ = module.__name__
+        setattr(module, keep, cls)
     else:
         keep = EVENTS_STOCK_CLASS
 
@@ -176,19 +177,19 @@ def adapt_test_events(module, side, counter):
 
 
 def adapt_class_swap(module, side, counter):
-    """Run the module's loop test class on tideloop (see CLASS_SWAPS)."""
+    """Run the module's loop test class on the side's loop (see CLASS_SWAPS)."""
     name = module.__name__.rpartition(".")[2]
     stock_name, method, dropped = CLASS_SWAPS[name]
     stock_cls = getattr(module, stock_name)
-    if side == "tideloop":
-        swapped = type("Tideloop" + stock_name, (stock_cls,),
+    if side in LOOP_SIDES:
+        swapped = type(LOOP_SIDES[side] + stock_name, (stock_cls,),
                        {method: lambda self: counter()})
         swapped.__module__ = module.__name__
         setattr(module, swapped.__name__, swapped)
         keep = swapped.__name__
     else:
         keep = stock_name
-    loop_classes = {stock_name, "Tideloop" + stock_name} | dropped
+    loop_classes = {stock_name} | {p + stock_name for p in LOOP_SIDES.values()} | dropped
 
     def wanted(test):
         cls = type(test).__name__
@@ -324,8 +325,9 @@ def flatten(suite):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--module", required=True)
-    ap.add_argument("--side", choices=["stock", "tideloop"], required=True)
-    ap.add_argument("--loop-factory", default="tideloop:Loop")
+    ap.add_argument("--side", choices=["stock", *LOOP_SIDES], required=True)
+    ap.add_argument("--loop-factory", default=None,
+                    help="module:Class of a loop side (default: <side>:Loop)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--skip", help="file with test ids (short form) not to run")
     ap.add_argument("--test-timeout", type=float, default=0,
@@ -336,8 +338,8 @@ def main():
     w = Writer(args.out)
     faulthandler.enable(all_threads=True)
 
-    if args.side == "tideloop":
-        loop_cls = resolve(args.loop_factory)
+    if args.side in LOOP_SIDES:
+        loop_cls = resolve(args.loop_factory or args.side + ":Loop")
     else:
         loop_cls = asyncio.unix_events._UnixSelectorEventLoop
     # Counting wrapper on both sides, so the report shows how many loops of

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Run CPython's own asyncio tests (Lib/test/test_asyncio) on the stock loop and
-on tideloop, and compare them test by test.
+on tideloop (optionally also on uvloop), and compare them test by test.
 
-    python tests/conformance/run.py [--loop asyncio|tideloop|both]
+    python tests/conformance/run.py [--loop asyncio|tideloop|uvloop|both|all|SIDE,SIDE...]
         [--modules m1,m2] [--json out.json] [--verbose]
         [--strict] [--known FILE] [--timeout 300] [--test-timeout 120]
 
@@ -24,7 +24,13 @@ is 1 if any regression is not listed in --known (one test key per line,
 fnmatch patterns allowed, "# reason" comment after it).
 
 Results are keyed by "module.Class.test" (test_events' loop classes all map to
-"test_events.EventLoopTests.test_..."). The tideloop package is taken from
+"test_events.EventLoopTests.test_...").
+
+--loop all (or a list such as stock,tideloop,uvloop) adds a uvloop side,
+patched exactly like the tideloop side but with uvloop.Loop (--uvloop-factory),
+for comparison: the table gets uvloop columns and "uv regr" (passes on stock,
+does not pass on uvloop: failures, errors, nyi and skips alike). --strict and
+--known apply to the tideloop side only. The tideloop package is taken from
 <repo>/src when an in-place build (src/tideloop/_core*.so) is there, else from
 the installed package.
 """
@@ -62,7 +68,22 @@ MODULES = [
     "test_subprocess", "test_unix_events",
 ]
 
-SIDES = {"asyncio": ["stock"], "tideloop": ["tideloop"], "both": ["stock", "tideloop"]}
+SIDES = {"asyncio": ["stock"], "tideloop": ["tideloop"], "uvloop": ["uvloop"],
+         "both": ["stock", "tideloop"], "all": ["stock", "tideloop", "uvloop"]}
+SIDE_ORDER = ["stock", "tideloop", "uvloop"]
+
+
+def parse_sides(value):
+    """--loop: a name of SIDES or a comma-separated list of sides."""
+    if value in SIDES:
+        return SIDES[value]
+    names = {"asyncio": "stock"}
+    sides = {names.get(v.strip(), v.strip()) for v in value.split(",") if v.strip()}
+    bad = sides - set(SIDE_ORDER)
+    if bad or not sides:
+        raise argparse.ArgumentTypeError(
+            f"expected one of {', '.join(SIDES)} or a list of {', '.join(SIDE_ORDER)}")
+    return [s for s in SIDE_ORDER if s in sides]
 PASSING = {"pass", "xfail"}
 
 
@@ -135,6 +156,8 @@ def run_side(module, side, args, workdir):
                "--out", out, "--test-timeout", str(args.test_timeout)]
         if side == "tideloop":
             cmd += ["--loop-factory", args.loop_factory]
+        elif side == "uvloop":
+            cmd += ["--loop-factory", args.uvloop_factory]
         if skip_ids:
             with open(skipf, "w", encoding="utf-8") as f:
                 f.write("\n".join(sorted(skip_ids)) + "\n")
@@ -255,7 +278,7 @@ def brief(r):
     return {k: r[k] for k in keep if k in r}
 
 
-def compare(stock, tide, args, known):
+def compare(stock, tide, args, known, side="tideloop"):
     regressions, nyi, skipped, fixed = [], [], [], []
     for key, s in sorted(stock.items()):
         if s["outcome"] not in PASSING:
@@ -263,7 +286,7 @@ def compare(stock, tide, args, known):
         t = tide.get(key)
         if t is None:
             t = {"key": key, "outcome": "missing",
-                 "message": "not run on tideloop (module timeout/crash)"}
+                 "message": f"not run on {side} (module timeout/crash)"}
         if t["outcome"] in PASSING:
             continue
         entry = brief(t)
@@ -303,9 +326,14 @@ def print_table(report, sides):
         hdr += ["stock p/f/e/s", "s"]
     if "tideloop" in sides:
         hdr += ["tideloop p/f/e/s", "s", "loops"]
-    both = len(sides) == 2
+    if "uvloop" in sides:
+        hdr += ["uvloop p/f/e/s", "s", "loops"]
+    both = "stock" in sides and "tideloop" in sides
+    uv = "stock" in sides and "uvloop" in sides
     if both:
         hdr += ["regr", "nyi", "skip"]
+    if uv:
+        hdr.append("uv regr")
     hdr.append("notes")
     rows = []
     for m, d in report["modules"].items():
@@ -314,7 +342,7 @@ def print_table(report, sides):
         for side in sides:
             sd = d[side]
             row += [fmt_counts(sd.get("counts")), f"{sd.get('time', 0):.1f}"]
-            if side == "tideloop":
+            if side != "stock":
                 row.append(str(sd.get("loops_created", 0)))
             bad = [c["how"].split()[0] if c["how"].startswith("hang") else c["how"]
                    for c in sd.get("crashes", [])]
@@ -328,6 +356,8 @@ def print_table(report, sides):
             unknown = sum(1 for r in regs if not r["known"])
             row += [f"{len(regs)}" + (f" ({unknown} new)" if unknown != len(regs) else ""),
                     str(len(d["nyi"])), str(len(d["skipped_on_tideloop"]))]
+        if uv:
+            row.append(str(len(d["uvloop_regressions"])))
         row.append("; ".join(notes))
         rows.append(row)
     tot = ["TOTAL"]
@@ -336,12 +366,14 @@ def print_table(report, sides):
                     if d[side].get("counts")) for k in
              ("passed", "failed", "errors", "skipped", "crashed")}
         tot += [fmt_counts(c), f"{sum(d[side].get('time', 0) for d in report['modules'].values()):.1f}"]
-        if side == "tideloop":
+        if side != "stock":
             tot.append(str(sum(d[side].get("loops_created", 0) for d in report["modules"].values())))
     if both:
         tot += [str(sum(len(d["regressions"]) for d in report["modules"].values())),
                 str(sum(len(d["nyi"]) for d in report["modules"].values())),
                 str(sum(len(d["skipped_on_tideloop"]) for d in report["modules"].values()))]
+    if uv:
+        tot.append(str(sum(len(d["uvloop_regressions"]) for d in report["modules"].values())))
     tot.append("")
     rows.append(tot)
     widths = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(len(hdr))]
@@ -352,11 +384,14 @@ def print_table(report, sides):
         print(line(r))
     print(line(["-" * w for w in widths]))
     print(line(rows[-1]))
-    print("p/f/e/s = passed/failed/errors/skipped, s = seconds, loops = loops the tideloop "
-          "side created (0: the module only tests asyncio's own base classes)")
+    loop_sides = " / ".join(s for s in sides if s != "stock") or "tideloop"
+    print("p/f/e/s = passed/failed/errors/skipped, s = seconds, loops = loops the "
+          f"{loop_sides} side created (0: the module only tests asyncio's own base classes)")
     if both:
         print("regr = passes on stock, not on tideloop; nyi = failed on tideloop with "
               "NotImplementedError; skip = skipped on tideloop")
+    if uv:
+        print("uv regr = passes on stock, not on uvloop (failed, error, nyi or skipped)")
 
 
 def one_line(r):
@@ -368,7 +403,8 @@ def one_line(r):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--loop", choices=sorted(SIDES), default="both")
+    ap.add_argument("--loop", type=parse_sides, default="both", metavar="|".join(SIDES),
+                    help="sides to run, or a comma-separated list of %s" % ",".join(SIDE_ORDER))
     ap.add_argument("--modules", help="comma-separated (default: %s)" % ",".join(MODULES))
     ap.add_argument("--json", help="write the full report here")
     ap.add_argument("--verbose", action="store_true",
@@ -386,17 +422,19 @@ def main(argv=None):
     ap.add_argument("--workdir", help="where child logs go (default: a temp dir)")
     ap.add_argument("--python", default=sys.executable, help=argparse.SUPPRESS)
     ap.add_argument("--loop-factory", default="tideloop:Loop", help=argparse.SUPPRESS)
+    ap.add_argument("--uvloop-factory", default="uvloop:Loop", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     modules = args.modules.split(",") if args.modules else MODULES
-    sides = SIDES[args.loop]
+    sides = args.loop
     known = load_known(args.known)
     workdir = args.workdir or tempfile.mkdtemp(prefix="tideloop-conformance-")
     os.makedirs(workdir, exist_ok=True)
 
     t0 = time.monotonic()
     report = {"command": " ".join([os.path.relpath(__file__, REPO)] + sys.argv[1:]),
-              "python": sys.version.split()[0], "loop": args.loop,
+              "python": sys.version.split()[0],
+              "loop": next((k for k, v in SIDES.items() if v == sides), ",".join(sides)),
               "loop_factory": args.loop_factory if "tideloop" in sides else None,
               "workdir": workdir, "modules": {}}
     for m in modules:
@@ -406,7 +444,7 @@ def main(argv=None):
             info = run_side(m, side, args, workdir)
             info["counts"] = counts(info["results"]) if info["results"] or not info["error"] else None
             d[side] = info
-        if len(sides) == 2:
+        if "stock" in sides and "tideloop" in sides:
             regs, nyi, skipped, fixed = compare(d["stock"]["results"], d["tideloop"]["results"],
                                                 args, known)
             d["regressions"], d["nyi"], d["skipped_on_tideloop"], d["fixed"] = regs, nyi, skipped, fixed
@@ -414,17 +452,21 @@ def main(argv=None):
             if d["tideloop"]["loop_type"] and lc == 0:
                 d["tideloop"].setdefault("warnings", []).append(
                     "no loop created through the patched paths")
+        if "stock" in sides and "uvloop" in sides:
+            regs, nyi, skipped, _ = compare(d["stock"]["results"], d["uvloop"]["results"],
+                                            args, [], side="uvloop")
+            d["uvloop_regressions"] = sorted(regs + nyi + skipped, key=lambda r: r["key"])
         report["modules"][m] = d
     report["wall_time_s"] = round(time.monotonic() - t0, 1)
 
     print()
-    if "tideloop" in sides:
-        types = {d["tideloop"]["loop_type"] for d in report["modules"].values()}
-        print(f"tideloop side ran on: {', '.join(sorted(t for t in types if t) or ['(nothing)'])}")
+    for side in (s for s in sides if s != "stock"):
+        types = {d[side]["loop_type"] for d in report["modules"].values()}
+        print(f"{side} side ran on: {', '.join(sorted(t for t in types if t) or ['(nothing)'])}")
     print_table(report, sides)
 
     new_regs = []
-    if len(sides) == 2:
+    if "stock" in sides and "tideloop" in sides:
         for m, d in report["modules"].items():
             new_regs += [r for r in d["regressions"] if not r["known"]]
         if args.verbose:
@@ -447,6 +489,12 @@ def main(argv=None):
         report["stale_known"] = stale
         if stale:
             print(f"\nknown-failure entries that now pass (remove them): {', '.join(stale)}")
+    if "stock" in sides and "uvloop" in sides and args.verbose:
+        for m, d in report["modules"].items():
+            if d["uvloop_regressions"]:
+                print(f"\n{m}: not passing on uvloop ({len(d['uvloop_regressions'])})")
+                for r in d["uvloop_regressions"]:
+                    print("  " + one_line(r) + ("  [nyi]" if r.get("nyi") else ""))
     print(f"\nwall time {report['wall_time_s']:.1f} s; child logs in {workdir}")
 
     if args.json:
@@ -459,8 +507,9 @@ def main(argv=None):
             json.dump(report, f, indent=1)
         print(f"report written to {args.json}")
 
-    failed_runs = [m for m, d in report["modules"].items()
-                   if any(d[s].get("error") and not d[s].get("counts") for s in sides)]
+    failed_runs = [m for m, d in report["modules"].items()   # uvloop side: not checked
+                   if any(d[s].get("error") and not d[s].get("counts")
+                          for s in sides if s != "uvloop")]
     if args.strict and (new_regs or failed_runs):
         print(f"--strict: {len(new_regs)} unknown regression(s), "
               f"{len(failed_runs)} module(s) that did not run", file=sys.stderr)
