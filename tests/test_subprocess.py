@@ -57,7 +57,7 @@ def is_reaped(pid):
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):   # gone, or going (ESRCH)
         return True
     rest = stat[stat.rindex(b")") + 2:].split()
     return int(rest[1]) != os.getpid()
