@@ -699,6 +699,9 @@ def main(argv=None):
         f"median of {cfg.repeat} interleaved runs; {n_runs} runs\n")
     for name in cfg.loops:
         log(f"  {name:<9} {versions.get(name, '?')}\n")
+    if "tideloop" in cfg.loops and not str(versions.get("tideloop", "")).startswith("tideloop "):
+        log("tideloop is not importable in the workers' environment\n")
+        return 2
 
     results = run_matrix(rows, cfg, paths, log)
     elapsed = time.time() - started

@@ -33,6 +33,7 @@ requests per second, is the figure the targets use.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import platform
@@ -110,7 +111,9 @@ def server_env():
     installed package first, else from this checkout's src/ (as micro.py)."""
     env = dict(os.environ)
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if os.path.isdir(os.path.join(SRC, "tideloop")) and SRC not in parts:
+    # Only an in-place build: without one, src/tideloop (whose _core is a
+    # directory of C sources) would shadow the installed package.
+    if glob.glob(os.path.join(SRC, "tideloop", "_core*.so")) and SRC not in parts:
         parts.append(SRC)
     env["PYTHONPATH"] = os.pathsep.join(parts)
     env.pop("PYTHONASYNCIODEBUG", None)
@@ -735,6 +738,9 @@ def main(argv=None):
         f"~{n_runs * (cfg.duration + cfg.warmup + 0.5) / 60:.1f} min\n")
     for name in cfg.loops:
         log(f"  {name:<9} {versions.get(name, '?')}\n")
+    if "tideloop" in cfg.loops and not str(versions.get("tideloop", "")).startswith("tideloop "):
+        log("tideloop is not importable in the servers' environment\n")
+        return 2
     if cfg.floor:
         log(f"  {'C':<9} {os.path.relpath(paths['echo_server'], ROOT)} (epoll, level-triggered)\n")
 
