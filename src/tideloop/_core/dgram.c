@@ -620,22 +620,9 @@ static PyMethodDef dg_methods[] = {
 };
 
 static PyType_Slot dg_slots[] = {
-    {Py_tp_dealloc, tl_tr_dealloc},
-    {Py_tp_finalize, tl_tr_finalize},
-    {Py_tp_traverse, tl_tr_traverse},
-    {Py_tp_clear, tl_tr_clear},
-    {Py_tp_repr, tl_tr_repr},
-    {Py_tp_methods, dg_methods},
-    {Py_tp_getset, dg_getset},
-    {Py_tp_members, tl_tr_members},
-    {Py_tp_doc, "A UDP or Unix datagram socket transport."},
-    {0, NULL}
+    TL_TR_SLOTS(tl_tr_repr, dg_methods, dg_getset,
+                "A UDP or Unix datagram socket transport.")
 };
 
-PyType_Spec tl_datagram_transport_spec = {
-    .name = "tideloop.DatagramTransport",
-    .basicsize = sizeof(SocketTransportObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
-             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
-    .slots = dg_slots,
-};
+PyType_Spec tl_datagram_transport_spec =
+    TL_TR_SPEC("tideloop.DatagramTransport", dg_slots);

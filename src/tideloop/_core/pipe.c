@@ -16,8 +16,6 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#define WRITEV_MAX 64
-
 /* asyncio's pipe _close(exc): stop watching, drop the queue, and schedule
  * connection_lost -- once (asyncio would schedule it twice on a second
  * abort(), and the second call would fail on a cleared protocol). */
@@ -161,37 +159,31 @@ wp_write(SocketTransportObject *self, PyObject *data)
         }
         return NULL;
     }
-    Py_buffer view;
-    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
-        int rc = tl_tr_unusable_buffer(self, "Fatal write error on pipe transport",
-                                       "can't concat memoryview to bytearray");
-        if (rc < 0)
-            return NULL;
-        if (rc == 0)
-            Py_RETURN_NONE;
-        /* already lost or closing: count it as below, with a stand-in */
-        data = Py_None;
-        view.buf = NULL;
-        view.len = 1;
-        view.obj = NULL;
-    }
-    int rc = 0;
-    if (view.len == 0)
-        goto done;
+    /* As asyncio: nothing to do for no data; a write after the pipe was
+     * lost or closed is only counted. */
+    Py_ssize_t size = PyObject_Length(data);
+    if (size <= 0)
+        return size < 0 ? NULL : Py_NewRef(Py_None);
     if (self->conn_lost || self->head.closing) {
         if (self->conn_lost >= LOG_THRESHOLD_FOR_CONNLOST_WRITES) {
             PyObject *r = PyObject_CallMethod(
                 self->loop->state->logger, "warning", "s",
                 "pipe closed by peer or os.write(pipe, data) raised exception.");
-            if (r == NULL) {
-                rc = -1;
-                goto done;
-            }
+            if (r == NULL)
+                return NULL;
             Py_DECREF(r);
         }
         self->conn_lost++;
-        goto done;
+        Py_RETURN_NONE;
     }
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
+        if (tl_tr_unusable_buffer(self, "Fatal write error on pipe transport",
+                                  "can't concat memoryview to bytearray") < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    int rc = 0;
     const char *p = view.buf;
     Py_ssize_t len = view.len;
     if (self->wq_len == 0) {
@@ -221,8 +213,7 @@ wp_write(SocketTransportObject *self, PyObject *data)
     if (rc == 0)
         rc = tl_tr_maybe_pause_protocol(self);
 done:
-    if (view.obj != NULL)
-        PyBuffer_Release(&view);
+    PyBuffer_Release(&view);
     if (rc < 0)
         return NULL;
     Py_RETURN_NONE;
@@ -233,14 +224,8 @@ wp_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (self->fd < 0 || self->wq_len == 0)
         Py_RETURN_NONE;
-    struct iovec iov[WRITEV_MAX];
-    int cnt = 0;
-    for (size_t i = 0; i < self->wq_len && cnt < WRITEV_MAX; i++, cnt++) {
-        wchunk *c = &self->wq[(self->wq_head + i) % self->wq_cap];
-        Py_ssize_t off = i == 0 ? self->wq_off : 0;
-        iov[cnt].iov_base = (char *)c->data + off;
-        iov[cnt].iov_len = (size_t)(c->len - off);
-    }
+    struct iovec iov[TL_WRITEV_MAX];
+    int cnt = tl_wq_iov(self, iov);
     ssize_t n;
     do {
         n = writev(self->fd, iov, cnt);
@@ -502,43 +487,17 @@ static PyMethodDef wp_methods[] = {
 };
 
 static PyType_Slot rp_slots[] = {
-    {Py_tp_dealloc, tl_tr_dealloc},
-    {Py_tp_finalize, tl_tr_finalize},
-    {Py_tp_traverse, tl_tr_traverse},
-    {Py_tp_clear, tl_tr_clear},
-    {Py_tp_repr, pipe_repr},
-    {Py_tp_methods, rp_methods},
-    {Py_tp_getset, pipe_getset},
-    {Py_tp_members, tl_tr_members},
-    {Py_tp_doc, "The read end of a pipe (or a FIFO, socket or character device)."},
-    {0, NULL}
+    TL_TR_SLOTS(pipe_repr, rp_methods, pipe_getset,
+                "The read end of a pipe (or a FIFO, socket or character device).")
 };
 
 static PyType_Slot wp_slots[] = {
-    {Py_tp_dealloc, tl_tr_dealloc},
-    {Py_tp_finalize, tl_tr_finalize},
-    {Py_tp_traverse, tl_tr_traverse},
-    {Py_tp_clear, tl_tr_clear},
-    {Py_tp_repr, pipe_repr},
-    {Py_tp_methods, wp_methods},
-    {Py_tp_getset, pipe_getset},
-    {Py_tp_members, tl_tr_members},
-    {Py_tp_doc, "The write end of a pipe (or a FIFO, socket or character device)."},
-    {0, NULL}
+    TL_TR_SLOTS(pipe_repr, wp_methods, pipe_getset,
+                "The write end of a pipe (or a FIFO, socket or character device).")
 };
 
-PyType_Spec tl_read_pipe_transport_spec = {
-    .name = "tideloop.ReadPipeTransport",
-    .basicsize = sizeof(SocketTransportObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
-             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
-    .slots = rp_slots,
-};
+PyType_Spec tl_read_pipe_transport_spec =
+    TL_TR_SPEC("tideloop.ReadPipeTransport", rp_slots);
 
-PyType_Spec tl_write_pipe_transport_spec = {
-    .name = "tideloop.WritePipeTransport",
-    .basicsize = sizeof(SocketTransportObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
-             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
-    .slots = wp_slots,
-};
+PyType_Spec tl_write_pipe_transport_spec =
+    TL_TR_SPEC("tideloop.WritePipeTransport", wp_slots);

@@ -16,8 +16,6 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#define WRITEV_MAX 64
-
 #define TR(o) ((SocketTransportObject *)(o))
 
 int
@@ -142,6 +140,20 @@ tl_wq_push(SocketTransportObject *self, PyObject *obj, const char *data,
     self->wq_len++;
     self->buffer_size += len;
     return 0;
+}
+
+/* The queued data as up to TL_WRITEV_MAX iovecs; returns how many. */
+int
+tl_wq_iov(SocketTransportObject *self, struct iovec *iov)
+{
+    int cnt = 0;
+    for (size_t i = 0; i < self->wq_len && cnt < TL_WRITEV_MAX; i++, cnt++) {
+        wchunk *c = &self->wq[(self->wq_head + i) % self->wq_cap];
+        Py_ssize_t off = i == 0 ? self->wq_off : 0;
+        iov[cnt].iov_base = (char *)c->data + off;
+        iov[cnt].iov_len = (size_t)(c->len - off);
+    }
+    return cnt;
 }
 
 /* Drop n sent bytes from the front of the queue. */
@@ -594,7 +606,7 @@ tl_tr_unusable_buffer(SocketTransportObject *self, const char *fatal_message,
 {
     if (!PyErr_ExceptionMatches(PyExc_BufferError))
         return -1;
-    if (self->conn_lost || (self->kind == TL_TR_WRITE_PIPE && self->head.closing)) {
+    if (self->conn_lost) {
         PyErr_Clear();
         return 1;
     }
@@ -695,14 +707,8 @@ tl_tr_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (self->conn_lost || self->fd < 0 || self->wq_len == 0)
         Py_RETURN_NONE;
-    struct iovec iov[WRITEV_MAX];
-    int cnt = 0;
-    for (size_t i = 0; i < self->wq_len && cnt < WRITEV_MAX; i++, cnt++) {
-        wchunk *c = &self->wq[(self->wq_head + i) % self->wq_cap];
-        Py_ssize_t off = i == 0 ? self->wq_off : 0;
-        iov[cnt].iov_base = (char *)c->data + off;
-        iov[cnt].iov_len = (size_t)(c->len - off);
-    }
+    struct iovec iov[TL_WRITEV_MAX];
+    int cnt = tl_wq_iov(self, iov);
     struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
     ssize_t n;
     do {
@@ -1525,25 +1531,12 @@ PyMemberDef tl_tr_members[] = {
 };
 
 static PyType_Slot tl_tr_slots[] = {
-    {Py_tp_dealloc, tl_tr_dealloc},
-    {Py_tp_finalize, tl_tr_finalize},
-    {Py_tp_traverse, tl_tr_traverse},
-    {Py_tp_clear, tl_tr_clear},
-    {Py_tp_repr, tl_tr_repr},
-    {Py_tp_methods, tl_tr_methods},
-    {Py_tp_getset, tl_tr_getset},
-    {Py_tp_members, tl_tr_members},
-    {Py_tp_doc, "A TCP or Unix stream socket transport."},
-    {0, NULL}
+    TL_TR_SLOTS(tl_tr_repr, tl_tr_methods, tl_tr_getset,
+                "A TCP or Unix stream socket transport.")
 };
 
-PyType_Spec tl_socket_transport_spec = {
-    .name = "tideloop.SocketTransport",
-    .basicsize = sizeof(SocketTransportObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
-             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
-    .slots = tl_tr_slots,
-};
+PyType_Spec tl_socket_transport_spec =
+    TL_TR_SPEC("tideloop.SocketTransport", tl_tr_slots);
 
 /* ==== the accept path ==== */
 

@@ -12,8 +12,31 @@
 
 #include <structmember.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #define LOG_THRESHOLD_FOR_CONNLOST_WRITES 5
+#define TL_WRITEV_MAX 64
+
+/* The four transport types share their layout and GC plumbing; each brings
+ * its repr, methods, attributes and doc. */
+#define TL_TR_SLOTS(repr, methods, getset, doc) \
+    {Py_tp_dealloc, tl_tr_dealloc}, \
+    {Py_tp_finalize, tl_tr_finalize}, \
+    {Py_tp_traverse, tl_tr_traverse}, \
+    {Py_tp_clear, tl_tr_clear}, \
+    {Py_tp_members, tl_tr_members}, \
+    {Py_tp_repr, repr}, \
+    {Py_tp_methods, methods}, \
+    {Py_tp_getset, getset}, \
+    {Py_tp_doc, doc}, \
+    {0, NULL}
+#define TL_TR_SPEC(tpname, slots_) { \
+    .name = tpname, \
+    .basicsize = sizeof(SocketTransportObject), \
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | \
+             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION, \
+    .slots = slots_, \
+}
 
 enum {
     TL_TR_STREAM = 0,
@@ -92,6 +115,7 @@ int tl_tr_watch(SocketTransportObject *self, int which, int on);
 void tl_wq_clear(SocketTransportObject *self);
 int tl_wq_push(SocketTransportObject *self, PyObject *obj, const char *data, Py_ssize_t len);
 void tl_wq_consume(SocketTransportObject *self, Py_ssize_t n);
+int tl_wq_iov(SocketTransportObject *self, struct iovec *iov);
 int tl_tr_is_fatal_base_exception(void);
 PyObject *tl_tr_fetch_exception(void);
 int tl_tr_fatal_error(SocketTransportObject *self, PyObject *exc, const char *message);
