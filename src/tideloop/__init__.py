@@ -23,14 +23,13 @@ import threading
 import warnings
 import weakref
 
-from asyncio import base_events as _base_events
 from asyncio import constants as _constants
-from asyncio import coroutines as _coroutines
 from asyncio import selector_events as _selector_events
 from asyncio import sslproto as _sslproto
 from asyncio import unix_events as _unix_events
 from asyncio.log import logger as _logger
 
+from . import _compat
 from . import _core
 from ._version import __version__
 
@@ -42,16 +41,13 @@ TimerHandle = _core.TimerHandle
 
 os.register_at_fork(after_in_child=_core._after_fork_child)
 
-_BaseEventLoop = asyncio.BaseEventLoop
-
-
-def _borrow(name, cls=_BaseEventLoop):
-    # Once-per-call orchestration that asyncio implements only in terms of the
-    # loop's API (getaddrinfo, sock_connect, _make_socket_transport,
-    # _start_serving, ...): reusing the stdlib's own functions keeps messages,
-    # log text and edge cases identical to the stock loop, while everything
-    # per event or per byte runs in C.
-    return cls.__dict__[name]
+# Once-per-call orchestration that asyncio implements only in terms of the
+# loop's API (getaddrinfo, sock_connect, _make_socket_transport,
+# _start_serving, ...) is the running interpreter's own code, placed on the
+# tideloop class: messages, log text and edge cases are the stock loop's of
+# that version, while everything per event or per byte runs in C.
+# (_compat.borrow records each and stands in for any a version lacks.)
+_borrow = _compat.borrow
 
 
 _SelectorLoop = _selector_events.BaseSelectorEventLoop
@@ -139,12 +135,16 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
 
     def __init__(self):
         self._asyncgens = weakref.WeakSet()
-        self._set_debug_flag(_coroutines._is_debug_mode())
+        self._set_debug_flag(_compat.is_debug_mode())
         # CPython's C Task looks up loop.call_soon with a plain getattr on
         # every wakeup, which allocates a bound method each time; one kept
         # in the instance dict is found first and reused.
         self.call_soon = self.call_soon
         self._child_pidfds = {}        # pidfd -> pid of watched children
+        if _compat.UNIX_SERVER_CLEANUP:
+            # 3.13+: listening Unix sockets whose path is unlinked when the
+            # server stops (asyncio's create_unix_server fills it in).
+            self._unix_server_sockets = {}
 
     def __repr__(self):
         return (f"<{self.__class__.__name__} running={self.is_running()} "
@@ -167,6 +167,9 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
             raise RuntimeError("Event loop is closed")
 
     _check_running = _borrow("_check_running")
+    # create_task's fast path is C; a task factory or keywords other than
+    # name/context (3.14's eager_start, say) take the stock method.
+    _create_task_stock = _borrow("create_task")
     run_until_complete = _borrow("run_until_complete")
     _set_coroutine_origin_tracking = _borrow("_set_coroutine_origin_tracking")
 
@@ -261,8 +264,8 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
 
     def add_signal_handler(self, sig, callback, *args):
         """Add a handler for a signal.  Main thread only."""
-        if (_coroutines.iscoroutine(callback) or
-                _coroutines.iscoroutinefunction(callback)):
+        if (_compat.iscoroutine(callback) or
+                _compat.iscoroutinefunction(callback)):
             raise TypeError("coroutines cannot be used "
                             "with add_signal_handler()")
         self._check_signal(sig)
@@ -390,12 +393,26 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
                                                backlog)
 
     def _stop_serving(self, sock):
+        # 3.13+: a Unix server socket made with cleanup_socket=True has its
+        # path unlinked, if it is still the same file (asyncio's rule).
+        cleanup = getattr(self, "_unix_server_sockets", None)
+        path = sock.getsockname() if cleanup and sock in cleanup else None
         listener = self.__dict__.get("_listeners", {}).pop(sock.fileno(), None)
         if listener is not None:
             listener.close()
         else:
             self._remove_reader(sock.fileno())
         sock.close()
+        if path is not None:
+            prev_ino = cleanup.pop(sock)
+            try:
+                if os.stat(path).st_ino == prev_ino:
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                _logger.error("Unable to clean up listening UNIX socket "
+                              "%r: %r", path, err)
 
     async def _sendfile_native(self, transp, file, offset, count):
         transp._release_fd()
@@ -430,10 +447,9 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         # ones (Threaded: asyncio's default, which get_child_watcher()
         # installs on first use; Pidfd): that one is used, since a watcher
         # that reaps every child would otherwise steal ours.
-        watcher = getattr(asyncio.get_event_loop_policy(), "_watcher", None)
+        watcher = _compat.current_child_watcher()
         if watcher is not None and not isinstance(
-                watcher, (_unix_events.ThreadedChildWatcher,
-                          _unix_events.PidfdChildWatcher)):
+                watcher, _compat.PER_PROCESS_WATCHERS):
             return await self._make_subprocess_transport_with_watcher(
                 protocol, args, shell, stdin, stdout, stderr, bufsize,
                 extra=extra, **kwargs)
@@ -448,13 +464,18 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
             raise
         except BaseException:
             transp.close()
-            await transp._wait()
+            if _compat.PY >= (3, 14):
+                # 3.14 shields the wait from the cancellation that got here.
+                await asyncio.shield(transp._wait())
+            else:
+                await transp._wait()
             raise
         return transp
 
-    _make_subprocess_transport_with_watcher = _borrow(
-        "_make_subprocess_transport", _UnixLoop)
-    _child_watcher_callback = _borrow("_child_watcher_callback", _UnixLoop)
+    if _compat.HAS_CHILD_WATCHERS:   # 3.11-3.13: an application's watcher
+        _make_subprocess_transport_with_watcher = _borrow(
+            "_make_subprocess_transport", _UnixLoop)
+        _child_watcher_callback = _borrow("_child_watcher_callback", _UnixLoop)
 
     def _watch_child(self, transp):
         pid = transp.get_pid()
@@ -532,8 +553,12 @@ def new_event_loop():
     return Loop()
 
 
-class EventLoopPolicy(asyncio.DefaultEventLoopPolicy):
-    """An asyncio policy whose new_event_loop() returns tideloop loops."""
+class EventLoopPolicy(_compat.DefaultPolicyBase):
+    """An asyncio policy whose new_event_loop() returns tideloop loops.
+
+    The policy API is deprecated from Python 3.14: prefer
+    ``asyncio.run(main(), loop_factory=tideloop.new_event_loop)`` or
+    ``tideloop.run(main())``."""
 
     _loop_factory = Loop
 
@@ -543,7 +568,7 @@ class EventLoopPolicy(asyncio.DefaultEventLoopPolicy):
 
 def install():
     """Make tideloop the loop that asyncio.new_event_loop()/asyncio.run() use."""
-    asyncio.set_event_loop_policy(EventLoopPolicy())
+    _compat.set_event_loop_policy(EventLoopPolicy())
 
 
 def run(main, *, debug=None):

@@ -245,7 +245,7 @@ dg_sendto(SocketTransportObject *self, PyObject *const *args, Py_ssize_t nargs,
         !PyMemoryView_Check(data)) {
         PyErr_Format(PyExc_TypeError,
                      "data argument must be a bytes-like object, not '%.200s'",
-                     _PyType_Name(Py_TYPE(data)));
+                     tl_type_name(Py_TYPE(data)));
         return NULL;
     }
     Py_buffer view;

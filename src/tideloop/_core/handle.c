@@ -31,7 +31,7 @@ int
 tl_context_init(tl_state *st)
 {
     st->fast_context = 0;
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
+#if TL_HAVE_CONTEXT_LAYOUT
     PyObject *ctx = PyContext_New();
     if (ctx == NULL)
         return -1;
@@ -212,7 +212,8 @@ handle_dealloc(HandleObject *h)
     if (h->weakreflist != NULL)
         PyObject_ClearWeakRefs((PyObject *)h);
     handle_clear(h);
-    if (st != NULL && st->handle_nfree < TL_HANDLE_FREELIST_MAX) {
+    if (st != NULL && !st->handle_freelist_closed &&
+        st->handle_nfree < TL_HANDLE_FREELIST_MAX) {
         h->next_free = st->handle_freelist;
         st->handle_freelist = h;
         st->handle_nfree++;
@@ -223,12 +224,19 @@ handle_dealloc(HandleObject *h)
     Py_DECREF(tp);
 }
 
+/* Called from the module's clear, while the Handle types are still alive:
+ * PyObject_GC_Del reads the object's type (its pre-header size), and a
+ * recycled handle no longer owns a reference to it.  Handles that die after
+ * this are freed directly, never recycled again. */
 void
 tl_handle_free_list(tl_state *st)
 {
+    st->handle_freelist_closed = 1;
     while (st->handle_freelist != NULL) {
         HandleObject *h = st->handle_freelist;
         st->handle_freelist = h->next_free;
+        /* Either type will do (same layout); this one is alive. */
+        Py_SET_TYPE(h, st->HandleType);
         PyObject_GC_Del(h);
     }
     st->handle_nfree = 0;
@@ -254,18 +262,13 @@ static int
 handle_report_error(HandleObject *h, PyObject *callback, PyObject *args)
 {
     tl_state *st = h->loop->state;
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb != NULL && value != NULL)
-        PyException_SetTraceback(value, tb);
-    Py_XDECREF(type);
-    Py_XDECREF(tb);
+    PyObject *value = tl_err_get_raised();
 
     int rc = -1;
     PyObject *context = NULL, *src = NULL, *msg = NULL, *res = NULL;
     src = PyObject_CallFunctionObjArgs(st->format_callback_source, callback,
-                                       args, NULL);
+                                       args, h->loop->debug ? Py_True : Py_False,
+                                       NULL);
     if (src == NULL)
         goto done;
     msg = PyUnicode_FromFormat("Exception in callback %U", src);
@@ -410,11 +413,10 @@ tl_batch_exit(LoopObject *loop, int *entered)
     if (!*entered)
         return;
     *entered = 0;
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);
+    PyObject *exc = tl_err_get_raised();
     if (PyContext_Exit(loop->run_ctx) < 0)
         PyErr_WriteUnraisable(loop->run_ctx);
-    PyErr_Restore(et, ev, etb);
+    tl_err_set_raised(exc);
 }
 
 int
@@ -464,7 +466,7 @@ handle_repr_info(HandleObject *h)
     PyObject *info = PyList_New(0);
     if (info == NULL)
         return NULL;
-    PyObject *s = PyUnicode_FromString(_PyType_Name(Py_TYPE(h)));
+    PyObject *s = PyUnicode_FromString(tl_type_name(Py_TYPE(h)));
     if (s == NULL || PyList_Append(info, s) < 0)
         goto error;
     Py_CLEAR(s);
@@ -488,8 +490,10 @@ handle_repr_info(HandleObject *h)
         PyObject *args = handle_args_tuple(h);
         if (args == NULL)
             goto error;
+        /* 3.13+ show the arguments in debug mode only (_compat decides). */
+        PyObject *debug = h->loop != NULL && h->loop->debug ? Py_True : Py_False;
         s = PyObject_CallFunctionObjArgs(st->format_callback_source,
-                                         h->callback, args, NULL);
+                                         h->callback, args, debug, NULL);
         Py_DECREF(args);
         if (s == NULL || PyList_Append(info, s) < 0)
             goto error;
@@ -691,7 +695,7 @@ timer_richcompare(HandleObject *a, PyObject *bo, int op)
 static Py_hash_t
 timer_hash(HandleObject *h)
 {
-    return _Py_HashDouble((PyObject *)h, h->when);
+    return tl_hash_double((PyObject *)h, h->when);
 }
 
 static PyMethodDef handle_methods[] = {

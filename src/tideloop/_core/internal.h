@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "compat.h"
 #include "heap.h"
 #include "poller.h"
 
@@ -40,8 +41,8 @@ typedef struct {
     PyObject *events_module;          /* asyncio.events: the running-loop
                                          functions are looked up per run, as
                                          asyncio does (tests swap them) */
-    PyObject *set_task_name;          /* asyncio.tasks._set_task_name */
-    PyObject *format_callback_source; /* asyncio.format_helpers */
+    /* From tideloop._compat (asyncio's private names, with fallbacks): */
+    PyObject *format_callback_source; /* (func, args, debug) -> str */
     PyObject *extract_stack;          /* asyncio.format_helpers.extract_stack */
     PyObject *iscoroutine;            /* asyncio.coroutines.iscoroutine */
     PyObject *iscoroutinefunction;    /* asyncio.coroutines.iscoroutinefunction */
@@ -82,10 +83,14 @@ typedef struct {
     PyObject *str_get_buffer;
     PyObject *str_buffer_updated;
     PyObject *str_get_running_loop;
+    PyObject *str_create_task_stock;
+
+    int server_attach_takes_transport;   /* 3.13+: Server._attach(transport) */
 
     /* Recycled handle memory (GC-untracked, type reference dropped). */
     HandleObject *handle_freelist;
     int handle_nfree;
+    int handle_freelist_closed;      /* module being torn down */
 
     /* Context snapshots (see handle.c): 1 when this interpreter's
      * Context layout was verified at import. */

@@ -1002,8 +1002,7 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
     }
 
     /* finally: */
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);
+    PyObject *exc = tl_err_get_raised();
     self->stopping = 0;
     self->thread_id = 0;
     PyObject *r = PyObject_CallMethodOneArg(st->events_module,
@@ -1022,10 +1021,10 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
         Py_XDECREF(r);
     }
     Py_DECREF(old_hooks);
-    if (et != NULL) {
+    if (exc != NULL) {
         if (failed == 2)
             PyErr_Clear();   /* the original exception wins */
-        PyErr_Restore(et, ev, etb);
+        tl_err_set_raised(exc);
         return NULL;
     }
     if (failed)
@@ -1467,82 +1466,57 @@ static PyObject *
 loop_create_task(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
                  PyObject *kwnames)
 {
+    /* The common case in C: no task factory, create_task(coro[, name=,
+     * context=]).  Everything else (a task factory, other keywords such as
+     * 3.14's eager_start, wrong calls) goes through the stock
+     * BaseEventLoop.create_task of this interpreter, so its semantics and
+     * error messages are the stock loop's, version by version. */
     tl_state *st = self->state;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *name = Py_None, *context = Py_None;
-    if (kwnames != NULL) {
+    int fast = self->task_factory == NULL && nargs == 1;
+    if (fast && kwnames != NULL) {
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++) {
             PyObject *k = PyTuple_GET_ITEM(kwnames, i);
             if (is_kw(k, st->str_name, "name", 4))
                 name = args[nargs + i];
             else if (is_kw(k, st->str_context, "context", 7))
                 context = args[nargs + i];
-            else {
-                PyErr_Format(PyExc_TypeError,
-                             "create_task() got an unexpected keyword "
-                             "argument '%U'", k);
-                return NULL;
-            }
+            else
+                fast = 0;
         }
     }
-    if (nargs != 1) {
-        if (nargs == 0)
-            PyErr_SetString(PyExc_TypeError,
-                            "create_task() missing 1 required positional "
-                            "argument: 'coro'");
-        else
-            PyErr_Format(PyExc_TypeError,
-                         "create_task() takes 1 positional argument but %zd "
-                         "were given", nargs);
-        return NULL;
+    if (!fast) {
+        PyObject *stock = PyObject_GetAttr((PyObject *)self,
+                                           st->str_create_task_stock);
+        if (stock == NULL)
+            return NULL;
+        PyObject *r = PyObject_Vectorcall(stock, args, nargsf, kwnames);
+        Py_DECREF(stock);
+        return r;
     }
     if (check_closed(self) < 0)
         return NULL;
     PyObject *coro = args[0];
-    if (self->task_factory == NULL) {
-        PyObject *cargs[4] = {coro, (PyObject *)self, NULL, NULL};
-        PyObject *kw = PyTuple_New(1 + (name != Py_None) + (context != Py_None));
-        if (kw == NULL)
-            return NULL;
-        Py_ssize_t k = 0;
-        PyTuple_SET_ITEM(kw, k, Py_NewRef(PyTuple_GET_ITEM(st->kw_loop, 0)));
+    PyObject *cargs[4] = {coro, (PyObject *)self, NULL, NULL};
+    PyObject *kw = PyTuple_New(1 + (name != Py_None) + (context != Py_None));
+    if (kw == NULL)
+        return NULL;
+    Py_ssize_t k = 0;
+    PyTuple_SET_ITEM(kw, k, Py_NewRef(PyTuple_GET_ITEM(st->kw_loop, 0)));
+    k++;
+    if (name != Py_None) {
+        cargs[1 + k] = name;
+        PyTuple_SET_ITEM(kw, k, Py_NewRef(st->str_name));
         k++;
-        if (name != Py_None) {
-            cargs[1 + k] = name;
-            PyTuple_SET_ITEM(kw, k, Py_NewRef(st->str_name));
-            k++;
-        }
-        if (context != Py_None) {
-            cargs[1 + k] = context;
-            PyTuple_SET_ITEM(kw, k, Py_NewRef(st->str_context));
-            k++;
-        }
-        PyObject *task = PyObject_Vectorcall(st->Task, cargs, 1, kw);
-        Py_DECREF(kw);
-        return task;
     }
-    PyObject *task;
-    if (context == Py_None) {
-        PyObject *fargs[2] = {(PyObject *)self, coro};
-        task = PyObject_Vectorcall(self->task_factory, fargs, 2, NULL);
+    if (context != Py_None) {
+        cargs[1 + k] = context;
+        PyTuple_SET_ITEM(kw, k, Py_NewRef(st->str_context));
+        k++;
     }
-    else {
-        PyObject *fargs[3] = {(PyObject *)self, coro, context};
-        PyObject *kw = PyTuple_Pack(1, st->str_context);
-        if (kw == NULL)
-            return NULL;
-        task = PyObject_Vectorcall(self->task_factory, fargs, 2, kw);
-        Py_DECREF(kw);
-    }
-    if (task == NULL)
-        return NULL;
-    PyObject *r = PyObject_CallFunctionObjArgs(st->set_task_name, task, name,
-                                               NULL);
-    if (r == NULL) {
-        Py_DECREF(task);
-        return NULL;
-    }
-    Py_DECREF(r);
+    PyObject *task = PyObject_Vectorcall(st->Task, cargs, 1, kw);
+    Py_DECREF(kw);
     return task;
 }
 
@@ -1618,7 +1592,7 @@ static PyObject *
 loop_stats(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsdsnsnsns}",
+        "{sKsKsKsKsKsKsdsnsnsnss}",
         "iterations", (unsigned long long)self->n_iterations,
         "polls", (unsigned long long)self->n_polls,
         "callbacks", (unsigned long long)self->n_callbacks,
@@ -1846,7 +1820,7 @@ tl_loop_read_spare(LoopObject *loop, int fd, size_t max, int use_read,
     if (n >= TL_HANDOVER_MIN && Py_REFCNT(loop->spare_bytes) == 1) {
         PyObject *d = loop->spare_bytes;
         loop->spare_bytes = NULL;
-        if (_PyBytes_Resize(&d, n) < 0)
+        if (tl_bytes_resize(&d, n) < 0)
             return -2;
         *data = d;
         return n;
@@ -1938,6 +1912,8 @@ static PyMethodDef loop_methods[] = {
 };
 
 static PyGetSetDef loop_getset[] = {
+    /* What asyncio's create_task (used for the non-fast cases) reads. */
+    {"_task_factory", (getter)loop_get_task_factory, NULL, NULL, NULL},
     {"_current_handle", (getter)loop_get_current_handle, NULL, NULL, NULL},
     {"_signal_handlers", (getter)loop_get_signal_handlers, NULL, NULL, NULL},
     {"_thread_id", (getter)loop_get_thread_id, NULL, NULL, NULL},

@@ -42,19 +42,24 @@ sighandler_noop(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* asyncio's _FlowControlMixin (a Transport), when its layout is the one
- * tl_transport_head mirrors; else None, and the transports stand alone. */
+ * tl_transport_head mirrors; else None, and the transports stand alone.
+ * `base` is what tideloop._compat resolved (None where it is missing). */
 static PyObject *
-transport_base_class(void)
+transport_base_class(PyObject *base)
 {
-    PyObject *base = NULL, *bt = NULL, *descr = NULL;
-    if (import_attr(&base, "asyncio.transports", "_FlowControlMixin") < 0 ||
-        import_attr(&bt, "asyncio", "BaseTransport") < 0)
-        goto fail;
+    if (base == Py_None || !PyType_Check(base))
+        Py_RETURN_NONE;
+    PyObject *bt = NULL, *descr = NULL;
+    if (import_attr(&bt, "asyncio", "BaseTransport") < 0)
+        return NULL;
     descr = PyObject_GetAttrString(bt, "__dict__");
+    Py_DECREF(bt);
     PyObject *member = descr ? PyMapping_GetItemString(descr, "_extra") : NULL;
     Py_XDECREF(descr);
-    if (member == NULL)
-        goto fail;
+    if (member == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
     int ok = Py_IS_TYPE(member, &PyMemberDescr_Type) &&
              ((PyMemberDescrObject *)member)->d_member->offset ==
                  (Py_ssize_t)offsetof(tl_transport_head, extra) &&
@@ -62,120 +67,142 @@ transport_base_class(void)
                  (Py_ssize_t)offsetof(tl_transport_head, closing) &&
              ((PyTypeObject *)base)->tp_dictoffset == 0;
     Py_DECREF(member);
-    Py_DECREF(bt);
-    if (!ok) {
-        Py_DECREF(base);
+    if (!ok)
         Py_RETURN_NONE;
-    }
-    return base;
-fail:
-    Py_XDECREF(base);
-    Py_XDECREF(bt);
-    return NULL;
+    return Py_NewRef(base);
 }
 
+/* A new heap type of this module, added to it; NULL on error. */
+static PyTypeObject *
+add_type(PyObject *m, PyType_Spec *spec, PyObject *bases)
+{
+    PyObject *tp = PyType_FromModuleAndSpec(m, spec, bases);
+    if (tp == NULL)
+        return NULL;
+    if (PyModule_AddType(m, (PyTypeObject *)tp) < 0) {
+        Py_DECREF(tp);
+        return NULL;
+    }
+    return (PyTypeObject *)tp;
+}
+
+/* The transport types, over asyncio's transport classes when their layout
+ * is the one tl_transport_head mirrors. */
+static int
+add_transport_types(PyObject *m, tl_state *st, PyObject *flow_control_mixin)
+{
+    int rc = -1;
+    PyObject *base = transport_base_class(flow_control_mixin);
+    PyObject *read_base = NULL, *dgram_bases = NULL, *dt = NULL;
+    if (base == NULL)
+        return -1;
+    PyObject *stream_base = base == Py_None ? NULL : base;
+    /* The read end is a ReadTransport, datagrams also a DatagramTransport
+     * (as in asyncio 3.12+). */
+    if (stream_base != NULL) {
+        if (import_attr(&read_base, "asyncio", "ReadTransport") < 0 ||
+            import_attr(&dt, "asyncio", "DatagramTransport") < 0)
+            goto done;
+        dgram_bases = PyTuple_Pack(2, base, dt);
+        if (dgram_bases == NULL)
+            goto done;
+    }
+    if ((st->SocketTransportType = add_type(m, &tl_socket_transport_spec,
+                                            stream_base)) == NULL ||
+        (st->WritePipeTransportType = add_type(m, &tl_write_pipe_transport_spec,
+                                               stream_base)) == NULL ||
+        (st->ReadPipeTransportType = add_type(m, &tl_read_pipe_transport_spec,
+                                              read_base)) == NULL ||
+        (st->DatagramTransportType = add_type(m, &tl_datagram_transport_spec,
+                                              dgram_bases)) == NULL)
+        goto done;
+    rc = 0;
+done:
+    Py_DECREF(base);
+    Py_XDECREF(read_base);
+    Py_XDECREF(dt);
+    Py_XDECREF(dgram_bases);
+    return rc;
+}
+
+/* tideloop._core.compat: the C-level compatibility entries (compat.h) and
+ * the branch this build took. */
+static int
+add_compat_table(PyObject *m)
+{
+    PyObject *d = PyDict_New();
+    if (d == NULL)
+        return -1;
+#define TL_ADD_ENTRY(name, branch)                                  \
+    do {                                                            \
+        PyObject *v = PyUnicode_FromString(branch);                 \
+        if (v == NULL || PyDict_SetItemString(d, name, v) < 0) {    \
+            Py_XDECREF(v);                                          \
+            Py_DECREF(d);                                           \
+            return -1;                                              \
+        }                                                           \
+        Py_DECREF(v);                                               \
+    } while (0);
+    TL_COMPAT_ENTRIES(TL_ADD_ENTRY)
+#undef TL_ADD_ENTRY
+    int rc = PyModule_AddObjectRef(m, "compat", d);
+    Py_DECREF(d);
+    return rc;
+}
+
+/* Every step returns at the first error, with that error set. */
 static int
 core_exec(PyObject *m)
 {
     tl_state *st = PyModule_GetState(m);
+    PyObject *compat = NULL, *flow = NULL, *attach = NULL;
+    int rc = -1;
 
-    st->HandleType = (PyTypeObject *)PyType_FromModuleAndSpec(
-        m, &tl_handle_spec, NULL);
-    if (st->HandleType == NULL)
+    /* Private names of asyncio come from one place, with fallbacks. */
+    compat = PyImport_ImportModule("tideloop._compat");
+    if (compat == NULL)
         return -1;
-    st->TimerHandleType = (PyTypeObject *)PyType_FromModuleAndSpec(
-        m, &tl_timer_handle_spec, (PyObject *)st->HandleType);
-    if (st->TimerHandleType == NULL)
-        return -1;
-    st->LoopType = (PyTypeObject *)PyType_FromModuleAndSpec(
-        m, &tl_loop_spec, NULL);
-    if (st->LoopType == NULL)
-        return -1;
-    PyObject *transport_base = transport_base_class();
-    if (transport_base == NULL)
-        return -1;
-    st->SocketTransportType = (PyTypeObject *)PyType_FromModuleAndSpec(
-        m, &tl_socket_transport_spec,
-        transport_base == Py_None ? NULL : transport_base);
-    st->WritePipeTransportType = (PyTypeObject *)PyType_FromModuleAndSpec(
-        m, &tl_write_pipe_transport_spec,
-        transport_base == Py_None ? NULL : transport_base);
-    /* The read end is a ReadTransport, datagrams also a DatagramTransport
-     * (as in asyncio 3.12+), when the layout check above passed. */
-    PyObject *read_base = NULL, *dgram_bases = NULL;
-    if (transport_base != Py_None) {
-        PyObject *dt = NULL;
-        if (import_attr(&read_base, "asyncio", "ReadTransport") < 0 ||
-            import_attr(&dt, "asyncio", "DatagramTransport") < 0) {
-            Py_XDECREF(read_base);
-            Py_DECREF(transport_base);
-            return -1;
-        }
-        dgram_bases = PyTuple_Pack(2, transport_base, dt);
-        Py_DECREF(dt);
-        if (dgram_bases == NULL) {
-            Py_DECREF(read_base);
-            Py_DECREF(transport_base);
-            return -1;
-        }
-    }
-    st->ReadPipeTransportType = (PyTypeObject *)PyType_FromModuleAndSpec(
-        m, &tl_read_pipe_transport_spec, read_base);
-    st->DatagramTransportType = (PyTypeObject *)PyType_FromModuleAndSpec(
-        m, &tl_datagram_transport_spec, dgram_bases);
-    Py_XDECREF(read_base);
-    Py_XDECREF(dgram_bases);
-    Py_DECREF(transport_base);
-    if (st->SocketTransportType == NULL || st->WritePipeTransportType == NULL ||
-        st->ReadPipeTransportType == NULL || st->DatagramTransportType == NULL)
-        return -1;
-    st->ListenerType = (PyTypeObject *)PyType_FromModuleAndSpec(
-        m, &tl_listener_spec, NULL);
-    if (st->ListenerType == NULL)
-        return -1;
+#define FROM_COMPAT(field, attr) \
+    ((st->field = PyObject_GetAttrString(compat, attr)) == NULL)
+    if (FROM_COMPAT(format_callback_source, "format_callback_source") ||
+        FROM_COMPAT(extract_stack, "extract_stack") ||
+        FROM_COMPAT(format_handle, "format_handle") ||
+        FROM_COMPAT(set_result_unless_cancelled, "set_result_unless_cancelled") ||
+        FROM_COMPAT(TransportSocket, "TransportSocket") ||
+        FROM_COMPAT(sendfile_try_native, "SENDFILE_TRY_NATIVE") ||
+        FROM_COMPAT(iscoroutine, "iscoroutine") ||
+        FROM_COMPAT(iscoroutinefunction, "iscoroutinefunction"))
+        goto done;
+#undef FROM_COMPAT
+    if ((flow = PyObject_GetAttrString(compat, "FlowControlMixin")) == NULL ||
+        (attach = PyObject_GetAttrString(compat,
+                                         "SERVER_ATTACH_TAKES_TRANSPORT")) == NULL)
+        goto done;
+    if ((st->server_attach_takes_transport = PyObject_IsTrue(attach)) < 0)
+        goto done;
+
+    if ((st->HandleType = add_type(m, &tl_handle_spec, NULL)) == NULL ||
+        (st->TimerHandleType = add_type(m, &tl_timer_handle_spec,
+                                        (PyObject *)st->HandleType)) == NULL ||
+        (st->LoopType = add_type(m, &tl_loop_spec, NULL)) == NULL ||
+        add_transport_types(m, st, flow) < 0 ||
+        (st->ListenerType = add_type(m, &tl_listener_spec, NULL)) == NULL)
+        goto done;
+    /* Not added to the module: sock_* awaitables are made by the loop only. */
     st->SockOpType = (PyTypeObject *)PyType_FromModuleAndSpec(
         m, &tl_sockop_spec, NULL);
     if (st->SockOpType == NULL)
-        return -1;
-    if (PyModule_AddType(m, st->HandleType) < 0 ||
-        PyModule_AddType(m, st->TimerHandleType) < 0 ||
-        PyModule_AddType(m, st->LoopType) < 0 ||
-        PyModule_AddType(m, st->SocketTransportType) < 0 ||
-        PyModule_AddType(m, st->DatagramTransportType) < 0 ||
-        PyModule_AddType(m, st->ReadPipeTransportType) < 0 ||
-        PyModule_AddType(m, st->WritePipeTransportType) < 0 ||
-        PyModule_AddType(m, st->ListenerType) < 0)
-        return -1;
+        goto done;
 
     if (import_attr(&st->Future, "asyncio", "Future") < 0 ||
         import_attr(&st->Task, "asyncio", "Task") < 0 ||
         (st->events_module = PyImport_ImportModule("asyncio.events")) == NULL ||
-        import_attr(&st->set_task_name, "asyncio.tasks", "_set_task_name") < 0 ||
-        import_attr(&st->format_callback_source, "asyncio.format_helpers",
-                    "_format_callback_source") < 0 ||
-        import_attr(&st->extract_stack, "asyncio.format_helpers",
-                    "extract_stack") < 0 ||
-        import_attr(&st->iscoroutine, "asyncio.coroutines", "iscoroutine") < 0 ||
-        import_attr(&st->iscoroutinefunction, "asyncio.coroutines",
-                    "iscoroutinefunction") < 0 ||
         import_attr(&st->logger, "asyncio.log", "logger") < 0 ||
-        import_attr(&st->format_handle, "asyncio.base_events",
-                    "_format_handle") < 0 ||
         import_attr(&st->get_asyncgen_hooks, "sys", "get_asyncgen_hooks") < 0 ||
         import_attr(&st->set_asyncgen_hooks, "sys", "set_asyncgen_hooks") < 0 ||
         import_attr(&st->BufferedProtocol, "asyncio", "BufferedProtocol") < 0 ||
-        import_attr(&st->TransportSocket, "asyncio.trsock", "TransportSocket") < 0 ||
-        import_attr(&st->socket_socket, "socket", "socket") < 0 ||
-        import_attr(&st->set_result_unless_cancelled, "asyncio.futures",
-                    "_set_result_unless_cancelled") < 0)
-        return -1;
-    PyObject *mode = NULL;
-    if (import_attr(&mode, "asyncio.constants", "_SendfileMode") < 0)
-        return -1;
-    st->sendfile_try_native = PyObject_GetAttrString(mode, "TRY_NATIVE");
-    Py_DECREF(mode);
-    if (st->sendfile_try_native == NULL)
-        return -1;
+        import_attr(&st->socket_socket, "socket", "socket") < 0)
+        goto done;
 
     if (intern(&st->str_context, "context") < 0 ||
         intern(&st->str_name, "name") < 0 ||
@@ -202,22 +229,26 @@ core_exec(PyObject *m)
         intern(&st->str_future_blocking, "_asyncio_future_blocking") < 0 ||
         intern(&st->str_get_buffer, "get_buffer") < 0 ||
         intern(&st->str_buffer_updated, "buffer_updated") < 0 ||
-        intern(&st->str_get_running_loop, "_get_running_loop") < 0)
-        return -1;
+        intern(&st->str_get_running_loop, "_get_running_loop") < 0 ||
+        intern(&st->str_create_task_stock, "_create_task_stock") < 0)
+        goto done;
     PyObject *loop_str = PyUnicode_InternFromString("loop");
     if (loop_str == NULL)
-        return -1;
+        goto done;
     st->kw_loop = PyTuple_Pack(1, loop_str);
     Py_DECREF(loop_str);
-    if (st->kw_loop == NULL)
-        return -1;
-    if (PyModule_AddStringConstant(m, "poller_backend", tl_poller_name()) < 0)
-        return -1;
-    if (tl_context_init(st) < 0)
-        return -1;
-    if (PyModule_AddIntConstant(m, "context_snapshots", st->fast_context) < 0)
-        return -1;
-    return 0;
+    if (st->kw_loop == NULL ||
+        PyModule_AddStringConstant(m, "poller_backend", tl_poller_name()) < 0 ||
+        tl_context_init(st) < 0 ||
+        PyModule_AddIntConstant(m, "context_snapshots", st->fast_context) < 0 ||
+        add_compat_table(m) < 0)
+        goto done;
+    rc = 0;
+done:
+    Py_XDECREF(compat);
+    Py_XDECREF(flow);
+    Py_XDECREF(attach);
+    return rc;
 }
 
 static int
@@ -244,7 +275,6 @@ core_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->Future);
     Py_VISIT(st->Task);
     Py_VISIT(st->events_module);
-    Py_VISIT(st->set_task_name);
     Py_VISIT(st->format_callback_source);
     Py_VISIT(st->extract_stack);
     Py_VISIT(st->iscoroutine);
@@ -263,6 +293,9 @@ core_clear(PyObject *m)
     tl_state *st = PyModule_GetState(m);
     if (st == NULL)
         return 0;
+    /* First, while the types the recycled handles point to are alive. */
+    if (st->HandleType != NULL)
+        tl_handle_free_list(st);
     Py_CLEAR(st->LoopType);
     Py_CLEAR(st->HandleType);
     Py_CLEAR(st->TimerHandleType);
@@ -281,7 +314,6 @@ core_clear(PyObject *m)
     Py_CLEAR(st->Future);
     Py_CLEAR(st->Task);
     Py_CLEAR(st->events_module);
-    Py_CLEAR(st->set_task_name);
     Py_CLEAR(st->format_callback_source);
     Py_CLEAR(st->extract_stack);
     Py_CLEAR(st->iscoroutine);
@@ -317,15 +349,13 @@ core_clear(PyObject *m)
     Py_CLEAR(st->str_buffer_updated);
     Py_CLEAR(st->str_datagram_received);
     Py_CLEAR(st->str_get_running_loop);
+    Py_CLEAR(st->str_create_task_stock);
     return 0;
 }
 
 static void
 core_free(void *m)
 {
-    tl_state *st = PyModule_GetState((PyObject *)m);
-    if (st != NULL)
-        tl_handle_free_list(st);
     core_clear((PyObject *)m);
 }
 

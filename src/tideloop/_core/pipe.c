@@ -119,7 +119,7 @@ static PyObject *
 pipe_repr(SocketTransportObject *self)
 {
     const char *state = self->fd < 0 ? " closed" : self->head.closing ? " closing" : "";
-    const char *name = _PyType_Name(Py_TYPE(self));
+    const char *name = tl_type_name(Py_TYPE(self));
     if (self->fd < 0)
         return PyUnicode_FromFormat("<%s%s fd=%d closed>", name, state,
                                     self->fd);

@@ -101,7 +101,7 @@ op_attempt(SockOpObject *self)
             Py_DECREF(b);
             break;
         }
-        if (n != self->nbytes && _PyBytes_Resize(&b, n) < 0)
+        if (n != self->nbytes && tl_bytes_resize(&b, n) < 0)
             return NULL;
         return b;
     }
@@ -220,15 +220,9 @@ op_ready(SockOpObject *self, PyObject *Py_UNUSED(ignored))
         if (PyErr_ExceptionMatches(PyExc_SystemExit) ||
             PyErr_ExceptionMatches(PyExc_KeyboardInterrupt))
             return NULL;
-        PyObject *t, *v, *tb;
-        PyErr_Fetch(&t, &v, &tb);
-        PyErr_NormalizeException(&t, &v, &tb);
-        if (tb != NULL)
-            PyException_SetTraceback(v, tb);
+        PyObject *v = tl_err_get_raised();
         r = PyObject_CallMethodOneArg(self->fut, st->str_set_exception, v);
-        Py_XDECREF(t);
         Py_XDECREF(v);
-        Py_XDECREF(tb);
     }
     if (r == NULL)
         return NULL;
@@ -413,7 +407,7 @@ op_send(SockOpObject *self, PyObject *arg)
     PyObject *out = NULL;
     switch (op_step(self, &out)) {
     case STEP_RETURN:
-        _PyGen_SetStopIterationValue(out);
+        tl_set_stop_iteration_value(out);
         Py_DECREF(out);
         return NULL;
     case STEP_YIELD:
@@ -518,13 +512,12 @@ op_finalize(SockOpObject *self)
 {
     if (self->state != ST_NEW)
         return;
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);
+    PyObject *exc = tl_err_get_raised();
     if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
                          "coroutine 'Loop.%s' was never awaited",
                          op_names[self->kind]) < 0)
         PyErr_WriteUnraisable((PyObject *)self);
-    PyErr_Restore(et, ev, etb);
+    tl_err_set_raised(exc);
 }
 
 static void

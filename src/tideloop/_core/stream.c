@@ -189,14 +189,7 @@ tl_tr_is_fatal_base_exception(void)
 PyObject *
 tl_tr_fetch_exception(void)
 {
-    PyObject *t, *v, *tb;
-    PyErr_Fetch(&t, &v, &tb);
-    PyErr_NormalizeException(&t, &v, &tb);
-    if (tb != NULL && v != NULL)
-        PyException_SetTraceback(v, tb);
-    Py_XDECREF(t);
-    Py_XDECREF(tb);
-    return v;
+    return tl_err_get_raised();
 }
 
 
@@ -333,18 +326,20 @@ tl_tr_call_connection_lost(SocketTransportObject *self, PyObject *exc)
         r = Py_NewRef(Py_None);
     }
     /* finally: */
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);
+    PyObject *pending = tl_err_get_raised();
     tl_tr_close_socket(self);
     Py_CLEAR(self->protocol);
     PyObject *server = self->server;
     self->server = NULL;
     if (server != NULL) {
-        PyObject *d = PyObject_CallMethod(server, "_detach", NULL);
+        /* 3.13+: Server._detach(transport) (it tracks its clients). */
+        PyObject *d = self->loop->state->server_attach_takes_transport
+                          ? PyObject_CallMethod(server, "_detach", "O", self)
+                          : PyObject_CallMethod(server, "_detach", NULL);
         Py_DECREF(server);
         if (d == NULL) {
-            if (et == NULL)
-                PyErr_Fetch(&et, &ev, &etb);
+            if (pending == NULL)
+                pending = tl_err_get_raised();
             else
                 PyErr_Clear();
         }
@@ -358,16 +353,16 @@ tl_tr_call_connection_lost(SocketTransportObject *self, PyObject *exc)
                            : NULL;
         Py_XDECREF(cerr);
         if (d == NULL) {
-            if (et == NULL)
-                PyErr_Fetch(&et, &ev, &etb);
+            if (pending == NULL)
+                pending = tl_err_get_raised();
             else
                 PyErr_Clear();
         }
         Py_XDECREF(d);
     }
-    if (et != NULL) {
+    if (pending != NULL) {
         Py_XDECREF(r);
-        PyErr_Restore(et, ev, etb);
+        tl_err_set_raised(pending);
         return NULL;
     }
     return r;
@@ -573,7 +568,7 @@ tl_tr_check_writable_data(PyObject *data)
         !PyMemoryView_Check(data)) {
         PyErr_Format(PyExc_TypeError,
                      "data argument must be a bytes-like object, not '%.200s'",
-                     _PyType_Name(Py_TYPE(data)));
+                     tl_type_name(Py_TYPE(data)));
         return -1;
     }
     return 0;
@@ -1137,10 +1132,10 @@ tl_tr_repr(SocketTransportObject *self)
 {
     const char *state = self->fd < 0 ? " closed" : self->head.closing ? " closing" : "";
     if (self->fd < 0 || self->loop->closed)
-        return PyUnicode_FromFormat("<%s%s fd=%d>", _PyType_Name(Py_TYPE(self)),
+        return PyUnicode_FromFormat("<%s%s fd=%d>", tl_type_name(Py_TYPE(self)),
                                     state, self->fd);
     return PyUnicode_FromFormat("<%s%s fd=%d read=%s write=<%s, bufsize=%zd>>",
-                                _PyType_Name(Py_TYPE(self)), state, self->fd,
+                                tl_type_name(Py_TYPE(self)), state, self->fd,
                                 (self->watching & TL_POLL_READ) ? "polling" : "idle",
                                 (self->watching & TL_POLL_WRITE) ? "polling" : "idle",
                                 self->buffer_size);
@@ -1289,7 +1284,9 @@ tl_tr_create(LoopObject *loop, PyTypeObject *tp, int kind, int fd,
     }
     if (server != NULL && server != Py_None) {
         self->server = Py_NewRef(server);
-        PyObject *r = PyObject_CallMethod(server, "_attach", NULL);
+        PyObject *r = loop->state->server_attach_takes_transport
+                          ? PyObject_CallMethod(server, "_attach", "O", self)
+                          : PyObject_CallMethod(server, "_attach", NULL);
         if (r == NULL)
             goto error;
         Py_DECREF(r);
@@ -1428,8 +1425,7 @@ tl_tr_finalize(SocketTransportObject *self)
 {
     if (self->fd < 0)
         return;
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);
+    PyObject *exc = tl_err_get_raised();
     PyObject *r = PyObject_Repr((PyObject *)self);
     if (r != NULL) {
         if (PyErr_ResourceWarning((PyObject *)self, 1, "unclosed transport %U",
@@ -1452,7 +1448,7 @@ tl_tr_finalize(SocketTransportObject *self)
         close(self->fd);
     }
     self->fd = -1;
-    PyErr_Restore(et, ev, etb);
+    tl_err_set_raised(exc);
 }
 
 void

@@ -30,11 +30,14 @@
     {Py_tp_getset, getset}, \
     {Py_tp_doc, doc}, \
     {0, NULL}
+/* Not Py_TPFLAGS_IMMUTABLETYPE: the bases are asyncio's (mutable) Python
+ * classes, and 3.14 refuses an immutable type over a mutable base (3.12 and
+ * 3.13 warn). */
 #define TL_TR_SPEC(tpname, slots_) { \
     .name = tpname, \
     .basicsize = sizeof(SocketTransportObject), \
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | \
-             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION, \
+             Py_TPFLAGS_DISALLOW_INSTANTIATION, \
     .slots = slots_, \
 }
 

@@ -1,0 +1,319 @@
+"""Every private name of asyncio and the standard library that tideloop uses,
+resolved in one place, each with the interpreters it applies to and a
+fallback.
+
+A name that a later (or earlier) interpreter no longer has never fails the
+import: it selects the fallback, and ``ENTRIES`` records which branch the
+running interpreter took (``tests/test_compat.py`` asserts the expected
+branch per version).  The C core takes what it needs from here at module
+init (``tideloop._core`` reads the attributes of this module), and its own
+C-level entries live in ``_core/compat.h`` (listed as ``tideloop._core.compat``).
+
+This module must import with the standard library only.
+"""
+
+import asyncio
+import functools
+import importlib
+import inspect
+import reprlib
+import sys
+import traceback
+from asyncio import base_events as _base_events
+from asyncio import events as _events
+from asyncio import unix_events as _unix_events
+
+__all__ = ["ENTRIES", "borrow"]
+
+PY = sys.version_info[:2]
+
+#: name -> (versions it applies to, branch taken here, what it is)
+ENTRIES = {}
+
+
+def _lookup(dotted):
+    """The object at 'module.attr.attr', or None."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return None
+        return obj
+    return None
+
+
+def _resolve(name, dotted, versions, fallback, what):
+    """The stdlib's object when this interpreter has it, else the fallback."""
+    obj = _lookup(dotted)
+    if obj is not None:
+        ENTRIES[name] = (versions, "stock", what)
+        return obj
+    ENTRIES[name] = (versions, "fallback", what)
+    return fallback
+
+
+def _record(name, versions, branch, what):
+    ENTRIES[name] = (versions, branch, what)
+
+
+# -- formatting (reprs, error reports, debug mode) ---------------------------
+
+def _get_function_source(func):
+    func = inspect.unwrap(func)
+    if inspect.isfunction(func):
+        code = func.__code__
+        return (code.co_filename, code.co_firstlineno)
+    if isinstance(func, (functools.partial, functools.partialmethod)):
+        return _get_function_source(func.func)
+    return None
+
+
+def _format_args(args, kwargs, debug):
+    if not debug:
+        return "()"
+    items = [reprlib.repr(a) for a in args or ()]
+    items += [f"{k}={reprlib.repr(v)}" for k, v in (kwargs or {}).items()]
+    return "(" + ", ".join(items) + ")"
+
+
+def _format_callback(func, args, kwargs, debug, suffix=""):
+    if isinstance(func, functools.partial):
+        suffix = _format_args(args, kwargs, debug) + suffix
+        return _format_callback(func.func, func.args, func.keywords, debug, suffix)
+    text = (getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+            or repr(func))
+    return text + _format_args(args, kwargs, debug) + suffix
+
+
+def _format_callback_fallback(func, args, debug):
+    # asyncio.format_helpers._format_callback_source as of 3.13: arguments
+    # are shown in debug mode only.
+    text = _format_callback(func, args, None, debug)
+    source = _get_function_source(func)
+    if source:
+        text += f" at {source[0]}:{source[1]}"
+    return text
+
+
+_stock_format_callback_source = _lookup("asyncio.format_helpers._format_callback_source")
+if _stock_format_callback_source is None:
+    _record("format_callback_source", "3.11-3.14", "fallback",
+            "asyncio.format_helpers._format_callback_source")
+
+    def format_callback_source(func, args, debug):
+        return _format_callback_fallback(func, args, debug)
+elif "debug" in inspect.signature(_stock_format_callback_source).parameters:
+    _record("format_callback_source", "3.13+ (debug=)", "stock-debug-arg",
+            "asyncio.format_helpers._format_callback_source(func, args, *, debug)")
+
+    def format_callback_source(func, args, debug, _f=_stock_format_callback_source):
+        return _f(func, args, debug=debug)
+else:
+    _record("format_callback_source", "3.11-3.12", "stock",
+            "asyncio.format_helpers._format_callback_source(func, args)")
+
+    def format_callback_source(func, args, debug, _f=_stock_format_callback_source):
+        return _f(func, args)
+
+
+def _extract_stack_fallback(f=None, limit=None):
+    if f is None:
+        f = sys._getframe().f_back
+    if limit is None:
+        limit = getattr(asyncio.constants, "DEBUG_STACK_DEPTH", 10)
+    stack = traceback.StackSummary.extract(traceback.walk_stack(f), limit=limit,
+                                           lookup_lines=False)
+    stack.reverse()
+    return stack
+
+
+extract_stack = _resolve(
+    "extract_stack", "asyncio.format_helpers.extract_stack", "3.11-3.14",
+    _extract_stack_fallback, "where a handle was created (debug mode)")
+
+
+def _format_handle_fallback(handle):
+    cb = handle._callback
+    if isinstance(getattr(cb, "__self__", None), asyncio.Task):
+        return repr(cb.__self__)
+    return str(handle)
+
+
+format_handle = _resolve(
+    "format_handle", "asyncio.base_events._format_handle", "3.11-3.14",
+    _format_handle_fallback, "the slow-callback warning's description")
+
+
+def _set_result_unless_cancelled_fallback(fut, result):
+    if fut.cancelled():
+        return
+    fut.set_result(result)
+
+
+set_result_unless_cancelled = _resolve(
+    "set_result_unless_cancelled", "asyncio.futures._set_result_unless_cancelled",
+    "3.11-3.14", _set_result_unless_cancelled_fallback,
+    "waking a connection's waiter")
+
+
+def _is_debug_mode_fallback():
+    import os
+    return sys.flags.dev_mode or (not sys.flags.ignore_environment and
+                                  bool(os.environ.get("PYTHONASYNCIODEBUG")))
+
+
+is_debug_mode = _resolve(
+    "is_debug_mode", "asyncio.coroutines._is_debug_mode", "3.11-3.14",
+    _is_debug_mode_fallback, "a new loop's debug flag")
+
+
+# 3.14 deprecates asyncio.iscoroutinefunction (it warns) and uses the
+# private _iscoroutinefunction inside asyncio; so do we there.
+iscoroutine = asyncio.coroutines.iscoroutine
+_private_iscf = _lookup("asyncio.coroutines._iscoroutinefunction")
+if _private_iscf is not None:
+    iscoroutinefunction = _private_iscf
+    _record("iscoroutinefunction", "3.14+ (the public one warns)", "private",
+            "asyncio.coroutines._iscoroutinefunction")
+else:
+    iscoroutinefunction = asyncio.coroutines.iscoroutinefunction
+    _record("iscoroutinefunction", "3.11-3.13", "public",
+            "asyncio.coroutines.iscoroutinefunction")
+
+
+# -- transports -------------------------------------------------------------
+
+TransportSocket = _resolve(
+    "TransportSocket", "asyncio.trsock.TransportSocket", "3.11-3.14", None,
+    "extra['socket'] wrapper (fallback: the socket itself)")
+
+FlowControlMixin = _resolve(
+    "FlowControlMixin", "asyncio.transports._FlowControlMixin", "3.11-3.14", None,
+    "base class of the C transports (fallback: they stand alone)")
+
+_SendfileMode = _lookup("asyncio.constants._SendfileMode")
+if _SendfileMode is not None:
+    SENDFILE_TRY_NATIVE = _SendfileMode.TRY_NATIVE
+    _record("sendfile_mode", "3.11-3.14", "stock",
+            "asyncio.constants._SendfileMode.TRY_NATIVE (transport._sendfile_compatible)")
+else:
+    SENDFILE_TRY_NATIVE = object()
+    _record("sendfile_mode", "3.11-3.14", "fallback",
+            "asyncio.constants._SendfileMode.TRY_NATIVE (transport._sendfile_compatible)")
+
+# Server._attach()/_detach(): 3.13 passes the transport (Server tracks its
+# clients for close_clients()/abort_clients()).
+_attach = _lookup("asyncio.base_events.Server._attach")
+try:
+    _attach_params = list(inspect.signature(_attach).parameters)[1:] if _attach else []
+except (TypeError, ValueError):
+    _attach_params = []
+SERVER_ATTACH_TAKES_TRANSPORT = bool(_attach_params)
+_record("server_attach", "3.11-3.12: no argument; 3.13+: the transport",
+        "transport" if SERVER_ATTACH_TAKES_TRANSPORT else "no-argument",
+        "asyncio.base_events.Server._attach/_detach")
+
+# -- the running loop -------------------------------------------------------
+
+# Looked up on asyncio.events at every run (tests swap them), by name.
+_record("running_loop", "3.11-3.14",
+        "stock" if hasattr(_events, "_set_running_loop") else "fallback",
+        "asyncio.events._get_running_loop/_set_running_loop")
+
+# -- tasks --------------------------------------------------------------------
+
+_create_task_params = inspect.signature(_base_events.BaseEventLoop.create_task).parameters
+CREATE_TASK_KWARGS = any(p.kind is p.VAR_KEYWORD for p in _create_task_params.values())
+_record("create_task_kwargs",
+        "3.11-3.13.2: name/context only; 3.13.3+ and 3.14: **kwargs (eager_start)",
+        "kwargs" if CREATE_TASK_KWARGS else "name-context",
+        "BaseEventLoop.create_task's signature (the C fast path covers name/context; "
+        "everything else goes through the stock method)")
+
+# -- child processes ---------------------------------------------------------
+
+# Child watchers exist until 3.13 (deprecated in 3.12, removed in 3.14).  The
+# per-process ones are the ones tideloop's pidfd watching replaces.
+PER_PROCESS_WATCHERS = tuple(
+    w for w in (_lookup("asyncio.unix_events.ThreadedChildWatcher"),
+                _lookup("asyncio.unix_events.PidfdChildWatcher")) if w is not None)
+HAS_CHILD_WATCHERS = bool(PER_PROCESS_WATCHERS)
+_record("child_watchers", "3.11-3.13; removed in 3.14",
+        "stock" if HAS_CHILD_WATCHERS else "none",
+        "asyncio.unix_events.ThreadedChildWatcher/PidfdChildWatcher")
+
+
+def current_child_watcher():
+    """The watcher an application installed on the policy, if any (3.11-3.13);
+    None where child watchers no longer exist."""
+    if not HAS_CHILD_WATCHERS:
+        return None
+    return getattr(get_event_loop_policy(), "_watcher", None)
+
+
+# -- policies ----------------------------------------------------------------
+
+# 3.14 deprecates the policy API: DefaultEventLoopPolicy warns when looked
+# up.  The Unix default policy class itself does not.
+_policy_base = _lookup("asyncio.unix_events._UnixDefaultEventLoopPolicy")
+if _policy_base is not None:
+    DefaultPolicyBase = _policy_base
+    _record("default_policy", "3.11-3.14", "stock",
+            "asyncio.unix_events._UnixDefaultEventLoopPolicy (no deprecation warning)")
+else:
+    DefaultPolicyBase = _lookup("asyncio.events._BaseDefaultEventLoopPolicy") or \
+        _lookup("asyncio.events.BaseDefaultEventLoopPolicy")
+    _record("default_policy", "3.11-3.14", "fallback",
+            "asyncio.events.(_)BaseDefaultEventLoopPolicy")
+POLICY_DEPRECATED = PY >= (3, 14)
+# 3.14: the public setter/getter warn; tideloop.install() keeps working
+# without a warning of its own through the private ones.
+set_event_loop_policy = (_lookup("asyncio.events._set_event_loop_policy")
+                         or asyncio.set_event_loop_policy)
+get_event_loop_policy = (_lookup("asyncio.events._get_event_loop_policy")
+                         or asyncio.get_event_loop_policy)
+_record("policy_deprecated", "3.14+", "deprecated" if POLICY_DEPRECATED else "current",
+        "asyncio.set_event_loop_policy and friends warn from 3.14")
+
+# -- Unix servers -------------------------------------------------------------
+
+UNIX_SERVER_CLEANUP = "cleanup_socket" in inspect.signature(
+    _unix_events._UnixSelectorEventLoop.create_unix_server).parameters
+_record("unix_server_cleanup", "3.13+", "cleanup_socket" if UNIX_SERVER_CLEANUP else "none",
+        "create_unix_server(cleanup_socket=) and loop._unix_server_sockets")
+
+# -- running scripts (python -m tideloop run) ---------------------------------
+
+run_module_as_main = _lookup("runpy._run_module_as_main")
+_record("runpy_run_module_as_main", "3.11-3.14",
+        "stock" if run_module_as_main is not None else "fallback",
+        "runpy._run_module_as_main (python -m semantics for 'tideloop run -m')")
+
+
+# -- methods reused from asyncio's loops --------------------------------------
+
+#: (class name, method name) -> "stock" or "missing"
+BORROWED = {}
+
+
+def borrow(name, cls=_base_events.BaseEventLoop):
+    """asyncio's own implementation of a loop method, to be placed on the
+    tideloop class.  Where the running interpreter no longer has it, a stand-in
+    that raises NotImplementedError names what is missing."""
+    func = cls.__dict__.get(name)
+    BORROWED[(cls.__name__, name)] = "stock" if func is not None else "missing"
+    if func is not None:
+        return func
+
+    def missing(self, *args, **kwargs):
+        raise NotImplementedError(
+            f"tideloop reuses asyncio's {cls.__name__}.{name}, which Python "
+            f"{sys.version.split()[0]} does not have")
+    missing.__name__ = name
+    return missing

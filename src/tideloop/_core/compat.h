@@ -1,0 +1,185 @@
+/* compat.h -- every CPython name outside the stable public C API that the
+ * core uses, resolved in one place.
+ *
+ * Each entry says which interpreters it applies to and what replaces it
+ * elsewhere; a missing name selects its fallback at compile time, never a
+ * build error.  TL_COMPAT_ENTRIES lists them with the branch this build
+ * took; module init exports the list as tideloop._core.compat, and
+ * tests/test_compat.py asserts the branch expected for the running
+ * interpreter.  (The Python side's entries live in tideloop/_compat.py.)
+ *
+ * Layouts of CPython objects the core relies on (the Context object, the
+ * thread state's context fields, asyncio's _FlowControlMixin slots) are
+ * also verified at run time before use: see tl_context_init (handle.c) and
+ * transport_base_class (module.c). */
+#ifndef TIDELOOP_COMPAT_H
+#define TIDELOOP_COMPAT_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+/* -- StopIteration carrying a value (a C awaitable's send() returning) --
+ * 3.11-3.12: _PyGen_SetStopIterationValue (cpython/genobject.h).
+ * 3.13+: no longer declared outside the core; fallback: raise
+ * StopIteration(value) as an instance (the same thing, one call more). */
+#if PY_VERSION_HEX < 0x030D0000
+#  define TL_COMPAT_STOP_ITERATION "private"
+static inline int
+tl_set_stop_iteration_value(PyObject *value)
+{
+    return _PyGen_SetStopIterationValue(value);
+}
+#else
+#  define TL_COMPAT_STOP_ITERATION "fallback"
+static inline int
+tl_set_stop_iteration_value(PyObject *value)
+{
+    PyObject *e = PyObject_CallOneArg(PyExc_StopIteration, value);
+    if (e == NULL)
+        return -1;
+    PyErr_SetObject(PyExc_StopIteration, e);
+    Py_DECREF(e);
+    return 0;
+}
+#endif
+
+/* -- A type's short name (reprs, error messages) --
+ * _PyType_Name is private on every version: our own copy of its one line
+ * (the part of tp_name after the last dot) on all of them. */
+#define TL_COMPAT_TYPE_NAME "own"
+static inline const char *
+tl_type_name(PyTypeObject *tp)
+{
+    const char *dot = strrchr(tp->tp_name, '.');
+    return dot != NULL ? dot + 1 : tp->tp_name;
+}
+
+/* -- Hash of a double, as hash(float) (TimerHandle.__hash__) --
+ * 3.11-3.14: _Py_HashDouble(obj, v) (cpython/pyhash.h), which hashes NaN by
+ * the object's identity as hash(float('nan')) does.  Elsewhere: hash a
+ * float object for finite values, the handle's identity for NaN. */
+#if PY_VERSION_HEX < 0x030F0000
+#  define TL_COMPAT_HASH_DOUBLE "private"
+static inline Py_hash_t
+tl_hash_double(PyObject *owner, double v)
+{
+    return _Py_HashDouble(owner, v);
+}
+#else
+#  define TL_COMPAT_HASH_DOUBLE "fallback"
+static inline Py_hash_t
+tl_hash_double(PyObject *owner, double v)
+{
+    if (v != v)
+        return Py_HashPointer(owner);
+    PyObject *f = PyFloat_FromDouble(v);
+    if (f == NULL)
+        return -1;
+    Py_hash_t h = PyObject_Hash(f);
+    Py_DECREF(f);
+    return h;
+}
+#endif
+
+/* -- Shrinking a fresh bytes object in place (reads into a bytes buffer) --
+ * _PyBytes_Resize is declared in cpython/bytesobject.h on 3.11-3.14 (it is
+ * the documented way to build a bytes object of unknown size).  Fallback:
+ * a copy of the prefix. */
+#if PY_VERSION_HEX < 0x030F0000
+#  define TL_COMPAT_BYTES_RESIZE "private"
+static inline int
+tl_bytes_resize(PyObject **b, Py_ssize_t n)
+{
+    return _PyBytes_Resize(b, n);
+}
+#else
+#  define TL_COMPAT_BYTES_RESIZE "fallback"
+static inline int
+tl_bytes_resize(PyObject **b, Py_ssize_t n)
+{
+    PyObject *c = PyBytes_FromStringAndSize(PyBytes_AS_STRING(*b), n);
+    Py_SETREF(*b, c);
+    return c == NULL ? -1 : 0;
+}
+#endif
+
+/* -- The pending exception as one object --
+ * 3.12+: PyErr_GetRaisedException / PyErr_SetRaisedException.
+ * 3.11: PyErr_Fetch + PyErr_NormalizeException, the traceback attached to
+ * the value (what the 3.12 functions do). */
+#if PY_VERSION_HEX >= 0x030C0000
+#  define TL_COMPAT_RAISED_EXCEPTION "public"
+static inline PyObject *
+tl_err_get_raised(void)
+{
+    return PyErr_GetRaisedException();
+}
+
+static inline void
+tl_err_set_raised(PyObject *exc)
+{
+    PyErr_SetRaisedException(exc);
+}
+#else
+#  define TL_COMPAT_RAISED_EXCEPTION "fallback"
+static inline PyObject *
+tl_err_get_raised(void)
+{
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    if (t == NULL)
+        return NULL;
+    PyErr_NormalizeException(&t, &v, &tb);
+    if (tb != NULL && v != NULL)
+        PyException_SetTraceback(v, tb);
+    Py_XDECREF(t);
+    Py_XDECREF(tb);
+    return v;
+}
+
+static inline void
+tl_err_set_raised(PyObject *exc)
+{
+    if (exc == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject *tb = PyException_GetTraceback(exc);
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, tb);
+}
+#endif
+
+/* -- Context snapshots: the Context object layout and the thread state's
+ * context/context_ver fields (see handle.c).  3.11-3.14 share the layout;
+ * it is verified at import and the plain copy is used otherwise (and on
+ * versions not listed here). */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030F0000
+#  define TL_COMPAT_CONTEXT_LAYOUT "private-checked"
+#  define TL_HAVE_CONTEXT_LAYOUT 1
+#else
+#  define TL_COMPAT_CONTEXT_LAYOUT "fallback"
+#  define TL_HAVE_CONTEXT_LAYOUT 0
+#endif
+
+/* -- Free-threaded builds --
+ * The core is not thread-safe without the GIL: it does not declare
+ * Py_mod_gil, so a free-threaded interpreter enables the GIL when it loads
+ * the module (with its RuntimeWarning, silent under PYTHON_GIL=1). */
+#ifdef Py_GIL_DISABLED
+#  define TL_COMPAT_FREE_THREADING "gil-enabled-on-import"
+#else
+#  define TL_COMPAT_FREE_THREADING "gil-build"
+#endif
+
+/* The list exported as tideloop._core.compat: (name, branch). */
+#define TL_COMPAT_ENTRIES(X)                                   \
+    X("stop_iteration_value", TL_COMPAT_STOP_ITERATION)        \
+    X("type_name", TL_COMPAT_TYPE_NAME)                        \
+    X("hash_double", TL_COMPAT_HASH_DOUBLE)                    \
+    X("bytes_resize", TL_COMPAT_BYTES_RESIZE)                  \
+    X("raised_exception", TL_COMPAT_RAISED_EXCEPTION)          \
+    X("context_layout", TL_COMPAT_CONTEXT_LAYOUT)              \
+    X("free_threading", TL_COMPAT_FREE_THREADING)
+
+#endif
