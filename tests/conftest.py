@@ -54,6 +54,41 @@ def _watchdog():
             signal.signal(signal.SIGALRM, old)
 
 
+# Child interpreters must exit cleanly too: a crash at exit (a use-after-free
+# in module teardown under PYTHONMALLOC=debug, an abort from a fatal error)
+# fails the test that started the child, even when the test itself only
+# looked at the child's output.  Children that a test kills on purpose die
+# of SIGKILL/SIGTERM/SIGINT, which are not crash signals.
+_CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL,
+                  signal.SIGFPE}
+_children = []
+_popen_init = subprocess.Popen.__init__
+
+
+def _tracking_init(self, args, *a, **kw):
+    _popen_init(self, args, *a, **kw)
+    argv0 = args[0] if isinstance(args, (list, tuple)) and args else args
+    if isinstance(argv0, (str, os.PathLike)) and os.fspath(argv0) == sys.executable:
+        _children.append(self)
+
+
+subprocess.Popen.__init__ = _tracking_init
+
+
+def _crashed(rc):
+    return rc is not None and (-rc in _CRASH_SIGNALS or rc - 128 in _CRASH_SIGNALS)
+
+
+@pytest.fixture(autouse=True)
+def _child_interpreters_exit_cleanly():
+    del _children[:]
+    yield
+    finished = [p for p in _children if p.poll() is not None]
+    del _children[:]
+    crashed = [(p.args, p.returncode) for p in finished if _crashed(p.returncode)]
+    assert not crashed, f"child interpreter(s) crashed: {crashed}"
+
+
 @pytest.fixture(params=LOOP_NAMES, ids=LOOP_NAMES)
 def loop_name(request):
     return request.param
