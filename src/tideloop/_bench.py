@@ -270,6 +270,29 @@ async def bench_queue100(loop, n):
     return await bench_queue(loop, n, maxsize=100)
 
 
+async def bench_eager_task(loop, n):
+    """n x ``await loop.create_task(coro())`` under asyncio.eager_task_factory
+    (3.12+), where coro() returns without suspending: the task runs to the end
+    inside create_task, and no callback goes through the loop."""
+    async def finish_at_once():
+        return None
+
+    old_factory = loop.get_task_factory()
+    loop.set_task_factory(asyncio.eager_task_factory)
+    create_task = loop.create_task
+    try:
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            task = create_task(finish_at_once())
+            if not task.done():     # the loop did not let the task run eagerly
+                raise AssertionError("create_task() returned an eager task that is "
+                                     "not done: the task did not start eagerly")
+            await task
+        return time.perf_counter_ns() - t0
+    finally:
+        loop.set_task_factory(old_factory)
+
+
 class Benchmark:
     __slots__ = ("name", "label", "func", "n", "quick_n", "target", "unit")
 
@@ -283,7 +306,7 @@ class Benchmark:
         self.unit = unit          # what one "op" is
 
 
-# Sizes: the default run of all 7 rows x 3 loops x 5 repetitions takes well
+# Sizes: the default run of all rows x 3 loops x 5 repetitions takes well
 # under a minute on a 2-core VM, the slowest loop (asyncio) dominating.
 BENCHMARKS = (
     Benchmark("call_soon", "call_soon + run noop ({n})", bench_call_soon,
@@ -304,7 +327,11 @@ BENCHMARKS = (
               50_000, 5_000, 0.8, "item"),
     Benchmark("queue100", "Queue(100) producer/consumer ({n})", bench_queue100,
               50_000, 5_000, None, "item"),
-)
+) + ((
+    # Eager tasks exist from 3.12 on; on 3.11 the row is not there.
+    Benchmark("eager_task", "eager create_task, done without suspending ({n})",
+              bench_eager_task, 100_000, 10_000, 0.8, "task"),
+) if hasattr(asyncio, "eager_task_factory") else ())
 _BY_NAME = {b.name: b for b in BENCHMARKS}
 
 
@@ -434,17 +461,24 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
+def bench_size(bench, quick, scale):
+    """Operations per measurement of ``bench`` for --quick / --scale."""
+    return max(2, int((bench.quick_n if quick else bench.n) * scale))
+
+
 def run_benchmarks(specs, benches, repeat_count, quick, scale, timeout,
-                   warmup=True, keep_gc=False, clock="wall", log=None):
+                   warmup=True, keep_gc=False, clock="wall", log=None, on_row=None):
     """Run everything; returns a list of per-benchmark result dicts.
 
     ``clock`` chooses the figure the table, ratios and verdicts use: "wall"
     (perf_counter_ns inside the loop) or "cpu" (process CPU time, all threads);
-    both are kept in the results."""
+    both are kept in the results. ``log(text)`` gets the progress (benchmark
+    name and size, a dot per repetition, a newline when done); ``on_row(row)``
+    gets each result as soon as its benchmark is done."""
     names = [s.name for s in specs]
     results = []
     for bench in benches:
-        n = max(2, int((bench.quick_n if quick else bench.n) * scale))
+        n = bench_size(bench, quick, scale)
         samples = {name: [] for name in names}
         cpu_samples = {name: [] for name in names}
         errors = {}
@@ -504,6 +538,8 @@ def run_benchmarks(specs, benches, repeat_count, quick, scale, timeout,
         results.append(row)
         if log:
             log("\n")
+        if on_row:
+            on_row(row)
     return results
 
 
@@ -523,46 +559,98 @@ def _fmt_ratio(x):
     return "-" if x is None else f"{x:.2f}x"
 
 
+def _header_cells(clock, loop_names):
+    first = "benchmark (CPU ns/op, median)" if clock == "cpu" else "benchmark (ns/op, median)"
+    return [first] + list(loop_names) + ["tl/asyncio", "tl/uvloop", "target", "result"]
+
+
+def _fmt_target(target):
+    return f"<={target}x" if target else "-"
+
+
+def _row_cells(r, loop_names):
+    cells = [r["label"]]
+    for name in loop_names:
+        if name in r["errors"]:
+            cells.append("ERROR")
+        else:
+            cells.append(_fmt_ns(r["ns_per_op"].get(name)))
+    cells += [_fmt_ratio(r["ratio_vs_asyncio"]), _fmt_ratio(r["ratio_vs_uvloop"]),
+              _fmt_target(r["target_vs_uvloop"]), r["verdict"] or "n/a"]
+    return cells
+
+
 def _table_rows(results, loop_names):
     clock = results[0]["clock"] if results else "wall"
-    first = "benchmark (CPU ns/op, median)" if clock == "cpu" else "benchmark (ns/op, median)"
-    header = ([first] + loop_names
-              + ["tl/asyncio", "tl/uvloop", "target", "result"])
-    rows = []
-    for r in results:
-        cells = [r["label"]]
-        for name in loop_names:
-            if name in r["errors"]:
-                cells.append("ERROR")
-            else:
-                cells.append(_fmt_ns(r["ns_per_op"].get(name)))
-        cells += [_fmt_ratio(r["ratio_vs_asyncio"]), _fmt_ratio(r["ratio_vs_uvloop"]),
-                  (f"<={r['target_vs_uvloop']}x" if r["target_vs_uvloop"] else "-"),
-                  r["verdict"] or "n/a"]
-        rows.append(cells)
-    return header, rows
+    return _header_cells(clock, loop_names), [_row_cells(r, loop_names) for r in results]
+
+
+def _text_line(cells, widths):
+    line = [str(cells[0]).ljust(widths[0])]
+    line += [str(c).rjust(w) for c, w in zip(cells[1:], widths[1:])]
+    return "  ".join(line).rstrip()
+
+
+def _markdown_line(cells):
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _markdown_rule(ncols):
+    return "|" + "|".join([":---"] + ["---:"] * (ncols - 1)) + "|"
 
 
 def format_text(results, loop_names):
     header, rows = _table_rows(results, loop_names)
     widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
-    out = []
-    for j, row in enumerate([header] + rows):
-        line = [str(row[0]).ljust(widths[0])]
-        line += [str(c).rjust(w) for c, w in zip(row[1:], widths[1:])]
-        out.append("  ".join(line).rstrip())
-        if j == 0:
-            out.append("  ".join("-" * w for w in widths))
+    out = [_text_line(header, widths), "  ".join("-" * w for w in widths)]
+    out += [_text_line(row, widths) for row in rows]
     return "\n".join(out)
 
 
 def format_markdown(results, loop_names):
     header, rows = _table_rows(results, loop_names)
-    out = ["| " + " | ".join(header) + " |",
-           "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
-    for row in rows:
-        out.append("| " + " | ".join(str(c) for c in row) + " |")
+    out = [_markdown_line(header), _markdown_rule(len(header))]
+    out += [_markdown_line(row) for row in rows]
     return "\n".join(out)
+
+
+class TableWriter:
+    """Prints the table a row at a time, each row as soon as its benchmark is
+    done (flushed), so a long run shows its figures as it goes and an
+    interrupted one keeps those it made. The text table's column widths are
+    fixed up front from the labels and loop names (a figure wider than its
+    column shifts that row only)."""
+
+    FIGURE_WIDTH = 8        # "123,456" ns/op and "ERROR" fit
+
+    def __init__(self, loop_names, labels, targets, clock="wall", markdown=False,
+                 stream=None):
+        self.loop_names = list(loop_names)
+        self.markdown = markdown
+        self.stream = stream
+        self.header = _header_cells(clock, self.loop_names)
+        figures = [max(len(name), self.FIGURE_WIDTH) for name in self.loop_names]
+        self.widths = ([max([len(self.header[0])] + [len(x) for x in labels])] + figures
+                       + [len("tl/asyncio"), len("tl/uvloop"),
+                          max([len("target")] + [len(_fmt_target(t)) for t in targets]),
+                          len("result")])
+
+    def _print(self, line):
+        stream = self.stream or sys.stdout
+        print(line, file=stream)
+        stream.flush()
+
+    def start(self):
+        if self.markdown:
+            self._print(_markdown_line(self.header))
+            self._print(_markdown_rule(len(self.header)))
+        else:
+            self._print(_text_line(self.header, self.widths))
+            self._print("  ".join("-" * w for w in self.widths))
+
+    def row(self, result):
+        cells = _row_cells(result, self.loop_names)
+        self._print(_markdown_line(cells) if self.markdown else _text_line(cells, self.widths))
 
 
 def _python_cmd():
@@ -600,6 +688,10 @@ def reproduce_command(args, invocation, loop_names):
 
 def _git_revision():
     here = os.path.dirname(os.path.abspath(__file__))
+    # Only for a checkout of this project (src/tideloop/), not for an installed
+    # copy that happens to sit inside some other git work tree.
+    if not os.path.isfile(os.path.join(here, os.pardir, os.pardir, "pyproject.toml")):
+        return None
     try:
         out = subprocess.run(["git", "-C", here, "describe", "--always", "--dirty"],
                              capture_output=True, text=True, timeout=5)
@@ -627,6 +719,66 @@ def _environment(specs, skipped):
         "dev_mode": bool(sys.flags.dev_mode),
         "asyncio_debug_env": os.environ.get("PYTHONASYNCIODEBUG", ""),
     }
+
+
+_DEBUG_WARNING = ("warning: asyncio debug mode is on (-X dev / PYTHONASYNCIODEBUG); "
+                  "figures are not representative")
+
+
+def _isatty(stream):
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _plural(n, word):
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def header_lines(args, environment, benches, started):
+    """What was measured, where and how: printed above the table."""
+    env = environment
+    when = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(started))
+    lines = [f"tideloop micro-benchmarks, {when}",
+             f"python:   {env['implementation']} {' '.join(sys.version.split())}",
+             f"          {sys.executable or '?'}",
+             f"machine:  {env['platform']}, {env['machine']}, "
+             + (f"{_plural(env['cpus'], 'CPU')} usable" if env["cpus"] else "CPUs: ?")]
+    if env.get("git"):
+        lines.append(f"git:      {env['git']}")
+    for i, (name, info) in enumerate(env["loops"].items()):
+        lines.append(f"{'loops:' if i == 0 else '':<10}{name:<9} {info}")
+    for name, error in env["skipped"].items():
+        lines.append(f"skipped:  {name}: {error}")
+    sizes = "--quick sizes" if args.quick else "full sizes"
+    if args.scale != 1.0:
+        sizes += f" x {args.scale:g}"
+    lines.append(
+        f"method:   median of {_plural(args.repeat, 'run')} per benchmark and loop, "
+        f"loops interleaved, fresh loop each, "
+        f"{'one warm-up run discarded' if args.warmup else 'no warm-up'}, "
+        f"GC {'on' if args.gc else 'off'} while timing, "
+        f"{'process CPU' if args.clock == 'cpu' else 'wall'} clock; {sizes}; "
+        f"{_plural(len(benches), 'benchmark')}")
+    if env["dev_mode"] or env["asyncio_debug_env"]:
+        lines.append(_DEBUG_WARNING)
+    return lines
+
+
+def footer_lines(args):
+    """How to read the table: printed below it."""
+    if args.clock == "cpu":
+        unit = ("CPU ns/op = process CPU time (all threads) in nanoseconds per "
+                "operation: lower is better")
+    else:
+        unit = "ns/op = nanoseconds per operation (wall clock): lower is better"
+    return [
+        f"{unit}; each figure is the median over {_plural(args.repeat, 'interleaved run')}, "
+        f"fresh loop each, GC {'on' if args.gc else 'off'} while timing.",
+        "tl/asyncio, tl/uvloop = tideloop's time / the other loop's (below 1.00x: "
+        "tideloop is faster); target = the tl/uvloop a PASS needs.",
+    ]
 
 
 # --------------------------------------------------------------------------
@@ -730,39 +882,47 @@ def run_from_args(args, invocation=("-m", "tideloop", "bench")):
     for name in dict.fromkeys(wanted):          # keep order, drop duplicates
         spec = _load_loop(name)
         (skipped if spec.error else specs).append(spec)
-    for spec in skipped:
-        print(f"note: skipping {spec.name}: {spec.error}", file=sys.stderr)
     if not specs:
+        for spec in skipped:
+            print(f"note: skipping {spec.name}: {spec.error}", file=sys.stderr)
         print("no loop to measure", file=sys.stderr)
         return 2
     loop_names = [s.name for s in specs]
+    environment = _environment(specs, skipped)
 
-    if sys.flags.dev_mode or os.environ.get("PYTHONASYNCIODEBUG"):
-        print("warning: asyncio debug mode is on (-X dev / PYTHONASYNCIODEBUG); "
-              "figures are not representative", file=sys.stderr)
+    debug = sys.flags.dev_mode or os.environ.get("PYTHONASYNCIODEBUG")
+    if debug:
+        print(_DEBUG_WARNING, file=sys.stderr)
 
-    print(f"tideloop micro-benchmarks: CPython {platform.python_version()}, "
-          f"{platform.system()} {platform.machine()}, "
-          f"{_environment(specs, skipped)['cpus']} CPU(s); "
-          f"median of {args.repeat}, loops interleaved", file=sys.stderr)
-    for spec in specs:
-        print(f"  {spec.name:<9} {spec.info}", file=sys.stderr)
+    # Everything that says what was measured goes to stdout with the table, so
+    # that a saved table (python -m tideloop bench > out.txt) carries it;
+    # stderr only gets the progress.
+    for line in header_lines(args, environment, benches, started):
+        print(line)
+    print(flush=True)
+
+    progress_is_transient = _isatty(sys.stderr) and _isatty(sys.stdout)
 
     def log(msg):
+        # On a terminal the progress line is wiped when its row is printed;
+        # elsewhere (a log file, CI) each benchmark leaves a progress line.
+        if msg == "\n" and progress_is_transient:
+            msg = "\r\x1b[K"
         sys.stderr.write(msg)
         sys.stderr.flush()
 
+    table = TableWriter(loop_names,
+                        [b.label.format(n=_fmt_count(bench_size(b, args.quick, args.scale)))
+                         for b in benches],
+                        [b.target for b in benches], clock=args.clock,
+                        markdown=args.markdown)
+    table.start()
     results = run_benchmarks(specs, benches, args.repeat, args.quick, args.scale,
                              args.timeout, warmup=args.warmup, keep_gc=args.gc,
-                             clock=args.clock, log=log)
+                             clock=args.clock, log=log, on_row=table.row)
     elapsed = time.time() - started
     command = reproduce_command(args, invocation, loop_names)
 
-    print()
-    if args.markdown:
-        print(format_markdown(results, loop_names))
-    else:
-        print(format_text(results, loop_names))
     print()
     for r in results:
         for name, err in r["errors"].items():
@@ -776,10 +936,8 @@ def run_from_args(args, invocation=("-m", "tideloop", "bench")):
                 print(f"samples {r['name']:<12} {name:<9} wall "
                       + " ".join(_fmt_ns(x) for x in xs)
                       + "  cpu " + " ".join(_fmt_ns(x) for x in cpu))
-    what = "CPU ns/op (process time)" if args.clock == "cpu" else "ns/op"
-    print(f"{what} = median over {args.repeat} interleaved runs, fresh loop each, "
-          f"GC {'on' if args.gc else 'off'} while timing; "
-          f"ratios are tideloop / other; target is tideloop / uvloop.")
+    for line in footer_lines(args):
+        print(line)
     print(f"reproduce: {command}")
     print(f"({elapsed:.1f} s)")
 
@@ -796,7 +954,7 @@ def run_from_args(args, invocation=("-m", "tideloop", "bench")):
             "gc_enabled_while_measuring": args.gc,
             "clock": args.clock,
             "warmup": args.warmup,
-            "environment": _environment(specs, skipped),
+            "environment": environment,
             "results": results,
         }
         with open(args.json, "w") as f:

@@ -26,20 +26,28 @@ fnmatch patterns allowed, "# reason" comment after it).
 Results are keyed by "module.Class.test" (test_events' loop classes all map to
 "test_events.EventLoopTests.test_...").
 
+Child logs go to a temporary work directory, removed at the end of the run
+(also after an error, Ctrl-C or a crashed child) unless --keep is given or
+--workdir names the directory to keep them in. The children run with TMPDIR
+and their working directory in a directory of their own (inside the work
+directory), so whatever CPython's tests leave behind (temporary files, Unix
+sockets, os_helper.TESTFN after a crash) goes too.
+
 --loop all (or a list such as stock,tideloop,uvloop) adds a uvloop side,
 patched exactly like the tideloop side but with uvloop.Loop (--uvloop-factory),
 for comparison: the table gets uvloop columns and "uv regr" (passes on stock,
 does not pass on uvloop: failures, errors, nyi and skips alike). --strict and
 --known apply to the tideloop side only. The tideloop package is taken from
-<repo>/src when an in-place build (src/tideloop/_core*.so) is there, else from
+<repo>/src when an in-place build for this interpreter is there, else from
 the installed package.
 """
 
 import argparse
 import fnmatch
-import glob
+import sysconfig
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -91,14 +99,61 @@ PASSING = {"pass", "xfail"}
 # Running one (module, side)
 # --------------------------------------------------------------------------
 
-def child_env():
+def child_env(tmpdir=None):
     env = dict(os.environ)
     src = os.path.join(REPO, "src")
-    if glob.glob(os.path.join(src, "tideloop", "_core*.so")):
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (src, env.get("PYTHONPATH")) if p)
+    # The children run in tmpdir, not here: relative entries keep their meaning.
+    path = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # Only a build for this interpreter: src/ may hold builds for other versions,
+    # and src/tideloop would then shadow the installed package.
+    if os.path.exists(os.path.join(src, "tideloop",
+                                   "_core" + sysconfig.get_config_var("EXT_SUFFIX"))):
+        path.insert(0, src)
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
     env.pop("PYTHONASYNCIODEBUG", None)   # same conditions on both sides
+    if tmpdir:
+        env["TMPDIR"] = tmpdir
     return env
+
+
+# AF_UNIX socket paths the tests make in the children's temporary directory
+# must stay under 108 bytes: a longer directory is not used for it.
+MAX_CHILD_TMP_LEN = 60
+
+
+def make_child_tmp(workdir):
+    """A new directory for the children's TMPDIR and working directory."""
+    path = tempfile.mkdtemp(prefix="tmp-", dir=workdir)
+    if len(path) <= MAX_CHILD_TMP_LEN:
+        return path
+    os.rmdir(path)
+    return tempfile.mkdtemp(prefix="tideloop-conformance-tmp-")
+
+
+def remove_tree(path):
+    """rmtree that also gets through directories a test left unwritable.
+    Returns True if path is gone."""
+    def retry(func, p, _exc):
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, 0o700)
+            func(p)
+        except OSError:
+            pass
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=retry)
+    else:
+        shutil.rmtree(path, onerror=retry)
+    return not os.path.lexists(path)
+
+
+def kill_group(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def read_records(path):
@@ -166,20 +221,25 @@ def run_side(module, side, args, workdir):
             cmd.append("--verbose")
         start_len = len(read_records(out))
         with open(log, "ab") as logf:
+            # cwd: os_helper.TESTFN and some Unix socket names are relative.
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=child_env(),
-                                    cwd=REPO, start_new_session=True)
+                                    stdin=subprocess.DEVNULL,
+                                    env=child_env(args.child_tmp),
+                                    cwd=args.child_tmp, start_new_session=True)
             try:
                 rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_group(proc.pid)
                 proc.wait()
                 rc = None
+            except BaseException:
+                # Ctrl-C, SIGTERM, an error here: the child has a session of
+                # its own, so nothing else stops it (and its files).
+                kill_group(proc.pid)
+                proc.wait()
+                raise
             else:
-                try:    # leftovers (grandchildren) of a crashed child
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                kill_group(proc.pid)    # leftovers (grandchildren) of a crashed child
         recs = read_records(out)[start_len:]
         running = None
         done = False
@@ -419,7 +479,11 @@ def main(argv=None):
                     help="per test watchdog, seconds (0 = off)")
     ap.add_argument("--max-restarts", type=int, default=30,
                     help="resume a module after this many crashes at most")
-    ap.add_argument("--workdir", help="where child logs go (default: a temp dir)")
+    ap.add_argument("--workdir",
+                    help="keep the child logs in this directory (default: a "
+                         "temporary directory, removed at the end of the run)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the child logs and the children's temporary files")
     ap.add_argument("--python", default=sys.executable, help=argparse.SUPPRESS)
     ap.add_argument("--loop-factory", default="tideloop:Loop", help=argparse.SUPPRESS)
     ap.add_argument("--uvloop-factory", default="uvloop:Loop", help=argparse.SUPPRESS)
@@ -428,15 +492,55 @@ def main(argv=None):
     modules = args.modules.split(",") if args.modules else MODULES
     sides = args.loop
     known = load_known(args.known)
-    workdir = args.workdir or tempfile.mkdtemp(prefix="tideloop-conformance-")
-    os.makedirs(workdir, exist_ok=True)
+    if os.sep in args.python:           # the children do not run in this directory
+        args.python = os.path.abspath(args.python)
 
+    # Everything this run creates is under these two directories; both go at
+    # the end, however the run ends, unless the user asked to keep them
+    # (--workdir: the logs, --keep: everything).
+    if args.workdir:
+        workdir = os.path.abspath(args.workdir)
+        os.makedirs(workdir, exist_ok=True)
+    else:
+        workdir = tempfile.mkdtemp(prefix="tideloop-conformance-")
+    args.child_tmp = None
+    previous_sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        # SIGTERM (a CI timeout, kill): unwind like Ctrl-C, through the clean-up.
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        args.child_tmp = make_child_tmp(workdir)
+        return run_all(args, modules, sides, known, workdir)
+    finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
+        clean_up(args, workdir)
+
+
+def _on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def clean_up(args, workdir):
+    if args.keep:
+        print(f"kept: child logs in {workdir}, the children's temporary files in "
+              f"{args.child_tmp}", file=sys.stderr)
+        return
+    left = []
+    if args.child_tmp and not remove_tree(args.child_tmp):
+        left.append(args.child_tmp)
+    if not args.workdir and not remove_tree(workdir):
+        left.append(workdir)
+    for path in left:
+        print(f"conformance: could not remove {path}", file=sys.stderr)
+
+
+def run_all(args, modules, sides, known, workdir):
     t0 = time.monotonic()
     report = {"command": " ".join([os.path.relpath(__file__, REPO)] + sys.argv[1:]),
               "python": sys.version.split()[0],
               "loop": next((k for k, v in SIDES.items() if v == sides), ",".join(sides)),
               "loop_factory": args.loop_factory if "tideloop" in sides else None,
-              "workdir": workdir, "modules": {}}
+              "workdir": workdir, "logs_kept": bool(args.keep or args.workdir),
+              "modules": {}}
     for m in modules:
         d = {}
         for side in sides:
@@ -495,7 +599,11 @@ def main(argv=None):
                 print(f"\n{m}: not passing on uvloop ({len(d['uvloop_regressions'])})")
                 for r in d["uvloop_regressions"]:
                     print("  " + one_line(r) + ("  [nyi]" if r.get("nyi") else ""))
-    print(f"\nwall time {report['wall_time_s']:.1f} s; child logs in {workdir}")
+    if args.keep or args.workdir:
+        where = f"child logs in {workdir}"
+    else:
+        where = "child logs removed (--keep or --workdir DIR keeps them)"
+    print(f"\nwall time {report['wall_time_s']:.1f} s; {where}")
 
     if args.json:
         for d in report["modules"].values():
@@ -518,4 +626,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("conformance: interrupted", file=sys.stderr)
+        sys.exit(130)
