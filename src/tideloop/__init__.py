@@ -141,6 +141,11 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         # in the instance dict is found first and reused.
         self.call_soon = self.call_soon
         self._child_pidfds = {}        # pidfd -> pid of watched children
+        if _compat.LOOP_WATCHERS:
+            # 3.14: each loop has a child watcher of asyncio's kind (pidfd
+            # where pidfds work, else a thread per child).  With the pidfd
+            # one, tideloop watches the pidfds itself (_watch_child).
+            self._watcher = _compat.LOOP_WATCHERS.new()
         if _compat.UNIX_SERVER_CLEANUP:
             # 3.13+: listening Unix sockets whose path is unlinked when the
             # server stops (asyncio's create_unix_server fills it in).
@@ -162,14 +167,7 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
     def _selector(self):
         return None if self.is_closed() else _SelectorView(self)
 
-    def _check_closed(self):
-        if self.is_closed():
-            raise RuntimeError("Event loop is closed")
-
     _check_running = _borrow("_check_running")
-    # create_task's fast path is C; a task factory or keywords other than
-    # name/context (3.14's eager_start, say) take the stock method.
-    _create_task_stock = _borrow("create_task")
     run_until_complete = _borrow("run_until_complete")
     _set_coroutine_origin_tracking = _borrow("_set_coroutine_origin_tracking")
 
@@ -354,6 +352,22 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         # asks them without changing anything.
         self._check_fd_transport(fd)
 
+    def _make_socket_transport(self, sock, protocol, waiter=None, *,
+                               extra=None, server=None):
+        if isinstance(sock, socket.socket):
+            return _core.Loop._make_socket_transport(
+                self, sock, protocol, waiter, extra=extra, server=server)
+        # Not a socket (a test double, say): the C transport works on the
+        # file descriptor itself, asyncio's Python one only through the
+        # object's methods, so that one is used.
+        if self._transports is None:
+            self._transports = weakref.WeakValueDictionary()
+        return _selector_events._SelectorSocketTransport(
+            self, sock, protocol, waiter, extra, server)
+
+    # Python transports (see _make_socket_transport), by fd; made on first use.
+    _transports = None
+
     # TLS: asyncio's SSLProtocol (a BufferedProtocol) over a C transport.
     _accept_connection = _borrow("_accept_connection", _SelectorLoop)
     _accept_connection2 = _borrow("_accept_connection2", _SelectorLoop)
@@ -457,7 +471,13 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         transp = _unix_events._UnixSubprocessTransport(
             self, protocol, args, shell, stdin, stdout, stderr, bufsize,
             waiter=waiter, extra=extra, **kwargs)
-        self._watch_child(transp)
+        if _compat.LOOP_WATCHERS and not isinstance(
+                self._watcher, _compat.LOOP_WATCHERS.pidfd):
+            # 3.14 without usable pidfds: the stock per-loop thread watcher.
+            self._watcher.add_child_handler(transp.get_pid(),
+                                            self._exit_published, transp)
+        else:
+            self._watch_child(transp)
         try:
             await waiter
         except (SystemExit, KeyboardInterrupt):
@@ -509,24 +529,49 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         return os.waitstatus_to_exitcode(status)
 
     def _child_pidfd_ready(self, pidfd, pid, transp):
-        code = self._reap(pid, transp, os.WNOHANG)
+        try:
+            code = self._reap(pid, transp, os.WNOHANG)
+        except BaseException:
+            self._stop_watching_pidfd(pidfd)    # no pidfd leaks on odd errors
+            raise
         if code is None:
             return
+        self._stop_watching_pidfd(pidfd)
+        # Logged as the stock loop's default watcher logs it (3.11's threaded
+        # watcher does, 3.12+'s pidfd watcher does not).
+        if self.get_debug() and not _compat.STOCK_WATCHES_PIDFD:
+            _logger.debug("process %s exited with returncode %s", pid, code)
+        # Reaped and published in one step (gh-127049): between the two, a
+        # send_signal() would signal a PID the kernel may have reused.
+        transp._process_exited(code)
+
+    def _stop_watching_pidfd(self, pidfd):
         self._remove_reader(pidfd)
         del self._child_pidfds[pidfd]
         os.close(pidfd)
-        if self.get_debug():
-            _logger.debug("process %s exited with returncode %s", pid, code)
-        self.call_soon(transp._process_exited, code)
+
+    @staticmethod
+    def _exit_published(pid, code, transp):
+        transp._process_exited(code)
 
     def _wait_child_thread(self, pid, transp):
+        # Wait without reaping (WNOWAIT): the PID stays the child's until the
+        # loop thread reaps it and publishes the exit in one step.
+        try:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            pass
+        try:
+            self.call_soon_threadsafe(self._reap_and_publish, pid, transp)
+        except RuntimeError:        # the loop closed meanwhile
+            _reap_quietly(pid)
+            _logger.warning("Loop %r that handles pid %r is closed", self, pid)
+
+    def _reap_and_publish(self, pid, transp):
         code = self._reap(pid, transp, 0)
         if self.get_debug():
             _logger.debug("process %s exited with returncode %s", pid, code)
-        try:
-            self.call_soon_threadsafe(transp._process_exited, code)
-        except RuntimeError:
-            _logger.warning("Loop %r that handles pid %r is closed", self, pid)
+        transp._process_exited(code)
 
     def _release_children(self):
         # The loop closes with children still running: stop watching them,

@@ -219,6 +219,85 @@ _record("server_attach", "3.11-3.12: no argument; 3.13+: the transport",
         "transport" if SERVER_ATTACH_TAKES_TRANSPORT else "no-argument",
         "asyncio.base_events.Server._attach/_detach")
 
+# How the stock socket and datagram transports word and treat what is written
+# differs between patch releases, so it is read off the stock classes
+# themselves: each is called on a stand-in object (the checks run before any
+# other use of self) and its error message or outcome is recorded.
+class _ProbeTransport:
+    _eof = False
+    _empty_waiter = None
+    _conn_lost = 0
+    _address = None
+
+    def __init__(self):
+        self._buffer = []
+
+
+def _type_error_prefix(method, fallback):
+    """The message method(stand-in, 0) raises, without the trailing "'int'"."""
+    try:
+        method(_ProbeTransport(), 0)
+    except TypeError as exc:
+        text = str(exc)
+        if text.endswith("'int'"):
+            return text[:-len("'int'")], "probed"
+    except Exception:
+        pass
+    return fallback, "fallback"
+
+
+_sock_tr = _lookup("asyncio.selector_events._SelectorSocketTransport")
+_dgram_tr = _lookup("asyncio.selector_events._SelectorDatagramTransport")
+_OLD_WRITE_MESSAGE = "data argument must be a bytes-like object, not "
+WRITE_TYPE_ERROR_PREFIX, _branch = _type_error_prefix(
+    getattr(_sock_tr, "write", None), _OLD_WRITE_MESSAGE)
+_record("write_type_error", "3.11-3.13.x: 'bytes-like'; later 3.13 and 3.14: "
+        "'bytes, bytearray, or memoryview'", _branch,
+        "message of _SelectorSocketTransport.write(non-bytes)")
+SENDTO_TYPE_ERROR_PREFIX, _branch = _type_error_prefix(
+    getattr(_dgram_tr, "sendto", None), _OLD_WRITE_MESSAGE)
+_record("sendto_type_error", "3.11-3.14", _branch,
+        "message of _SelectorDatagramTransport.sendto(non-bytes)")
+
+# 3.12+: the socket transport has its own writelines(): the items are kept as
+# memoryviews (no join), a false argument writes nothing, a non-buffer item
+# fails in memoryview().  3.11 inherits WriteTransport.writelines (b"".join).
+WRITELINES_VIEWS = _sock_tr is not None and "writelines" in vars(_sock_tr)
+_record("writelines", "3.11: joined; 3.12+: views", "views" if WRITELINES_VIEWS else "joined",
+        "_SelectorSocketTransport.writelines")
+
+
+def _writelines_skips_empty():
+    """Later releases (gh-155888) drop false items (b"", and any other false
+    object) before making memoryviews of the rest."""
+    if not WRITELINES_VIEWS:
+        return False
+    try:
+        _sock_tr.writelines(_ProbeTransport(), [0])
+    except TypeError:
+        return False
+    except Exception:
+        return False
+    return True
+
+
+WRITELINES_SKIPS_EMPTY = _writelines_skips_empty()
+_record("writelines_skips_empty", "3.14.x and later patch releases (probed)",
+        "skips" if WRITELINES_SKIPS_EMPTY else "keeps",
+        "_SelectorSocketTransport.writelines([false item])")
+
+# 3.13+: sendto(b"") sends an empty datagram (3.11-3.12 drop it).
+DGRAM_SENDS_EMPTY = sys.version_info >= (3, 13)
+_record("dgram_empty", "3.11-3.12: dropped; 3.13+: sent",
+        "sent" if DGRAM_SENDS_EMPTY else "dropped",
+        "_SelectorDatagramTransport.sendto(b'')")
+
+# 3.14: call_soon_threadsafe() returns a _ThreadSafeHandle (a cancel() from
+# another thread waits for the running callback); None where there is none.
+ThreadSafeHandle = _lookup("asyncio.events._ThreadSafeHandle")
+_record("threadsafe_handle", "3.14+", "stock" if ThreadSafeHandle is not None else "none",
+        "asyncio.events._ThreadSafeHandle (what call_soon_threadsafe returns)")
+
 # -- the running loop -------------------------------------------------------
 
 # Looked up on asyncio.events at every run (tests swap them), by name.
@@ -247,6 +326,41 @@ HAS_CHILD_WATCHERS = bool(PER_PROCESS_WATCHERS)
 _record("child_watchers", "3.11-3.13; removed in 3.14",
         "stock" if HAS_CHILD_WATCHERS else "none",
         "asyncio.unix_events.ThreadedChildWatcher/PidfdChildWatcher")
+
+
+# The stock loop's default way of watching a child: 3.11's ThreadedChildWatcher
+# logs "process N exited with returncode R" in debug mode; from 3.12 on a pidfd
+# watcher is the default where pidfds work, and it logs nothing.  tideloop's
+# pidfd watching logs that line only where the stock default does.
+_can_use_pidfd = _lookup("asyncio.unix_events.can_use_pidfd")
+STOCK_WATCHES_PIDFD = sys.version_info >= (3, 12) and bool(
+    _can_use_pidfd is not None and _can_use_pidfd())
+_record("stock_default_child_watcher", "3.11: threaded; 3.12+: pidfd where usable",
+        "pidfd" if STOCK_WATCHES_PIDFD else "threaded",
+        "the watcher asyncio's own loop uses with no watcher set "
+        "(asyncio.unix_events.can_use_pidfd)")
+
+
+class _LoopWatchers:
+    """3.14's per-loop child watchers: a loop gets a pidfd one where pidfds
+    work (can_use_pidfd() when it is made), else a threaded one."""
+
+    def __init__(self, pidfd, threaded):
+        self.pidfd, self.threaded = pidfd, threaded
+
+    def new(self):
+        can = _lookup("asyncio.unix_events.can_use_pidfd")
+        return self.pidfd() if can is not None and can() else self.threaded()
+
+
+_pidfd_watcher = _lookup("asyncio.unix_events._PidfdChildWatcher")
+_threaded_watcher = _lookup("asyncio.unix_events._ThreadedChildWatcher")
+if _pidfd_watcher is not None and _threaded_watcher is not None:
+    LOOP_WATCHERS = _LoopWatchers(_pidfd_watcher, _threaded_watcher)
+else:
+    LOOP_WATCHERS = None
+_record("loop_watchers", "3.14+: loop._watcher", "stock" if LOOP_WATCHERS else "none",
+        "asyncio.unix_events._PidfdChildWatcher/_ThreadedChildWatcher")
 
 
 def current_child_watcher():
@@ -317,3 +431,36 @@ def borrow(name, cls=_base_events.BaseEventLoop):
             f"{sys.version.split()[0]} does not have")
     missing.__name__ = name
     return missing
+
+
+# create_task's fast path is C; a task factory or keywords other than
+# name/context (3.14's eager_start, say) take the stock method.
+create_task_stock = borrow("create_task")
+
+# What the stock create_task does with a task factory, read off its source;
+# the C fast path does the same (0: unknown, always call the stock method).
+# Values as TL_CREATE_TASK_* in _core/internal.h.
+_CREATE_TASK_STYLES = {0: "stock", 1: "set_task_name-helper", 2: "set_name", 3: "kwargs"}
+set_task_name = _lookup("asyncio.tasks._set_task_name")
+
+
+def _create_task_style():
+    try:
+        src = inspect.getsource(create_task_stock)
+    except (OSError, TypeError):
+        return 0
+    params = list(inspect.signature(create_task_stock).parameters)
+    if "tasks._set_task_name(task, name)" in src and set_task_name is not None:
+        return 1
+    if "task.set_name(name)" in src and "name" in params:
+        return 2
+    if params == ["self", "coro", "kwargs"] and \
+            "return self._task_factory(self, coro, **kwargs)" in src:
+        return 3
+    return 0
+
+
+CREATE_TASK_STYLE = _create_task_style()
+_record("create_task_factory", "3.11-3.12: helper; 3.13: set_name; 3.14: kwargs",
+        _CREATE_TASK_STYLES[CREATE_TASK_STYLE],
+        "BaseEventLoop.create_task with a task factory (the C path does the same)")

@@ -241,13 +241,9 @@ dg_sendto(SocketTransportObject *self, PyObject *const *args, Py_ssize_t nargs,
     }
     if (addr == NULL)
         addr = Py_None;
-    if (!PyBytes_Check(data) && !PyByteArray_Check(data) &&
-        !PyMemoryView_Check(data)) {
-        PyErr_Format(PyExc_TypeError,
-                     "data argument must be a bytes-like object, not '%.200s'",
-                     tl_type_name(Py_TYPE(data)));
+    if (tl_tr_check_writable_data(self->loop->state->sendto_type_error_prefix,
+                                  data) < 0)
         return NULL;
-    }
     Py_buffer view;
     PyObject *copy = NULL;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
@@ -269,8 +265,8 @@ dg_sendto(SocketTransportObject *self, PyObject *const *args, Py_ssize_t nargs,
         data = copy;
     }
     int rc = 0;
-    if (view.len == 0)
-        goto done;
+    if (view.len == 0 && !self->loop->state->dgram_sends_empty)
+        goto done;          /* 3.11-3.12 drop empty datagrams */
     if (self->address != NULL) {
         if (addr != Py_None && addr != self->address) {
             int eq = PyObject_RichCompareBool(addr, self->address, Py_EQ);
@@ -329,6 +325,19 @@ done:
     Py_RETURN_NONE;
 }
 
+/* Drop the datagram at the head of the queue (it may be empty: 3.13+). */
+static void
+dg_pop(SocketTransportObject *self)
+{
+    wchunk *c = &self->wq[self->wq_head];
+    self->buffer_size -= c->len;
+    Py_CLEAR(c->obj);
+    Py_CLEAR(c->addr);
+    self->wq_head = (self->wq_head + 1) % self->wq_cap;
+    self->wq_len--;
+    self->wq_off = 0;
+}
+
 static PyObject *
 dg_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
@@ -338,7 +347,7 @@ dg_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
         if (s == WOULD_BLOCK)
             break;
         /* Sent or failed: either way this datagram leaves the queue. */
-        tl_wq_consume(self, c->len);
+        dg_pop(self);
         if (s != SENT) {
             if (send_failed(self, s, "Fatal write error on datagram transport") < 0)
                 return NULL;

@@ -319,6 +319,27 @@ install_snapshot(PyObject *rc, HandleObject *h)
     return 1;
 }
 
+/* A snapshot handle whose callback raised: from now on it holds the
+ * Context the callback ran in, as left by the callback, so that
+ * handle.get_context() -- where 3.13+'s call_exception_handler runs a
+ * custom handler -- sees what the callback set (asyncio's handle owns that
+ * very Context).  ctx: the Context the callback ran in. */
+static int
+keep_failed_context(HandleObject *h, PyObject *ctx)
+{
+    if (h->context != NULL || h->ctx_vars == NULL)
+        return 0;
+    PyObject *exc = tl_err_get_raised();
+    h->context = tl_context_from_vars(CTX(ctx)->ctx_vars);
+    if (h->context == NULL) {
+        Py_XDECREF(exc);
+        return -1;
+    }
+    Py_CLEAR(h->ctx_vars);
+    tl_err_set_raised(exc);
+    return 0;
+}
+
 /* After the call, outside the callback's context: SystemExit and
  * KeyboardInterrupt propagate (-1), anything else goes to the exception
  * handler as asyncio's Handle._run does. */
@@ -391,6 +412,8 @@ tl_handle_run(HandleObject *h)
                                   NULL);
         if (PyContext_Exit(ctx) < 0)
             Py_CLEAR(res);
+        if (res == NULL && keep_failed_context(h, ctx) < 0)
+            Py_CLEAR(res);
     }
     int rc = handle_finish(h, res);
     if (shared && renew_shared_if_kept(loop, ctx, 1) < 0)
@@ -446,8 +469,11 @@ tl_handle_run_batched(HandleObject *h, int *entered)
     h->running = 1;
     PyObject *res = PyObject_Vectorcall(h->callback, handle_callargs(h),
                                         h->nargs, NULL);
-    if (res == NULL)
+    if (res == NULL) {
         tl_batch_exit(loop, entered);   /* report outside the callback */
+        if (keep_failed_context(h, rc) < 0)
+            return -1;
+    }
     int ret = handle_finish(h, res);
     if (rc == loop->run_ctx && Py_REFCNT(rc) > (*entered ? 2 : 1)) {
         tl_batch_exit(loop, entered);

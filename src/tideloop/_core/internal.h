@@ -22,6 +22,14 @@
 #define TL_HANDOVER_MIN (16 * 1024)
 
 typedef struct LoopObject LoopObject;
+
+/* What BaseEventLoop.create_task does with a task factory (tideloop._compat). */
+enum {
+    TL_CREATE_TASK_STOCK = 0,    /* unknown: always call the stock method */
+    TL_CREATE_TASK_HELPER,       /* factory, then tasks._set_task_name() */
+    TL_CREATE_TASK_SET_NAME,     /* factory, then task.set_name(name) */
+    TL_CREATE_TASK_KWARGS,       /* factory(loop, coro, **kwargs) */
+};
 typedef struct HandleObject HandleObject;
 
 /* Module state: every Python object the core needs, looked up once. */
@@ -83,9 +91,25 @@ typedef struct {
     PyObject *str_get_buffer;
     PyObject *str_buffer_updated;
     PyObject *str_get_running_loop;
-    PyObject *str_create_task_stock;
+    PyObject *create_task_stock;  /* BaseEventLoop.create_task of this interpreter */
+    int create_task_style;       /* how it uses a task factory: TL_CREATE_TASK_* */
+    PyObject *set_task_name;     /* 3.11-3.12: asyncio.tasks._set_task_name */
+    PyObject *str_set_name;
+    PyObject *str_Task;
+    PyObject *str__run;
+    PyObject *ThreadSafeHandle;  /* 3.14: asyncio.events._ThreadSafeHandle, else None */
+    PyObject *str_Future;
+    PyObject *tasks_dict;        /* asyncio.tasks.__dict__ (Task at call time) */
+    PyObject *futures_dict;      /* asyncio.futures.__dict__ */
 
     int server_attach_takes_transport;   /* 3.13+: Server._attach(transport) */
+    /* How this interpreter's stock transports treat what is written (see
+     * tideloop._compat: probed from the stock classes). */
+    PyObject *write_type_error_prefix;   /* str: "data argument must be ..., not " */
+    PyObject *sendto_type_error_prefix;
+    int writelines_views;        /* 3.12+: writelines() of its own (no join) */
+    int writelines_skips_empty;  /* later releases: false items are dropped */
+    int dgram_sends_empty;       /* 3.13+: sendto(b"") sends an empty datagram */
 
     /* Recycled handle memory (GC-untracked, type reference dropped). */
     HandleObject *handle_freelist;
@@ -279,6 +303,18 @@ static inline tl_state *
 tl_get_state_from_type(PyTypeObject *tp)
 {
     return (tl_state *)PyType_GetModuleState(tp);
+}
+
+/* *fd = obj.fileno(); -1 with the error set. */
+static inline int
+tl_call_fileno(PyObject *obj, long *fd)
+{
+    PyObject *fdo = PyObject_CallMethod(obj, "fileno", NULL);
+    if (fdo == NULL)
+        return -1;
+    *fd = PyLong_AsLong(fdo);
+    Py_DECREF(fdo);
+    return (*fd == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
 #endif

@@ -688,6 +688,54 @@ loop_time(LoopObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored))
     return PyFloat_FromDouble(tl_monotonic());
 }
 
+/* 3.14: call_soon_threadsafe() returns an asyncio.events._ThreadSafeHandle,
+ * whose cancel() from another thread waits until a running callback ends;
+ * the loop queues that handle's _run(), which checks for cancellation under
+ * the handle's lock and runs the callback in the handle's context. */
+static PyObject *
+schedule_threadsafe_handle(LoopObject *self, PyObject *const *args,
+                           Py_ssize_t nargs, PyObject *context)
+{
+    tl_state *st = self->state;
+    PyObject *cbargs = PyTuple_New(nargs - 1);
+    if (cbargs == NULL)
+        return NULL;
+    for (Py_ssize_t i = 1; i < nargs; i++)
+        PyTuple_SET_ITEM(cbargs, i - 1, Py_NewRef(args[i]));
+    PyObject *hargs[4] = {args[0], cbargs, (PyObject *)self,
+                          context != NULL ? context : Py_None};
+    PyObject *th = PyObject_Vectorcall(st->ThreadSafeHandle, hargs, 4, NULL);
+    Py_DECREF(cbargs);
+    if (th == NULL)
+        return NULL;
+    if (self->debug) {
+        /* Its traceback starts in _ThreadSafeHandle.__init__ (this C call
+         * has no frame): drop that entry, as the stock loop drops its own. */
+        PyObject *tb = PyObject_GetAttrString(th, "_source_traceback");
+        int rc = tb == NULL ? -1 : 0;
+        if (rc == 0 && PyList_Check(tb) && PyList_GET_SIZE(tb) > 0)
+            rc = PyList_SetSlice(tb, PyList_GET_SIZE(tb) - 1, PyList_GET_SIZE(tb), NULL);
+        Py_XDECREF(tb);
+        if (rc < 0) {
+            Py_DECREF(th);
+            return NULL;
+        }
+    }
+    PyObject *run = PyObject_GetAttr(th, st->str__run);
+    HandleObject *h = NULL;
+    if (run != NULL)
+        h = tl_handle_new(st, st->HandleType, self, run, NULL, 0, NULL, 0);
+    Py_XDECREF(run);
+    if (h == NULL || ready_push(self, h) < 0) {
+        Py_XDECREF(h);
+        Py_DECREF(th);
+        return NULL;
+    }
+    if (self->sleeping)
+        write_wakeup(self);
+    return th;
+}
+
 static PyObject *
 schedule_soon(LoopObject *self, const char *method, PyObject *const *args,
               Py_ssize_t nargsf, PyObject *kwnames, int threadsafe)
@@ -708,6 +756,8 @@ schedule_soon(LoopObject *self, const char *method, PyObject *const *args,
             return NULL;
     }
     tl_state *st = self->state;
+    if (threadsafe && st->ThreadSafeHandle != Py_None)
+        return schedule_threadsafe_handle(self, args, nargs, context);
     HandleObject *h = tl_handle_new(st, st->HandleType, self, args[0],
                                     args + 1, nargs - 1, context, 0);
     if (h == NULL)
@@ -865,6 +915,15 @@ static PyObject *
 loop_is_running(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
     return PyBool_FromLong(self->thread_id != 0);
+}
+
+/* What asyncio's create_task and friends call first (borrowed methods too). */
+static PyObject *
+loop_check_closed(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (check_closed(self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 static PyObject *
@@ -1372,12 +1431,29 @@ tl_loop_check_fd_transport(LoopObject *self, int fd)
     return rc;
 }
 
+/* A new reference to module_dict[name]: the class the stock loop would call
+ * (it reads asyncio.futures.Future / asyncio.tasks.Task at call time, and
+ * tests and applications replace them), else the one seen at import. */
+static PyObject *
+current_class(PyObject *module_dict, PyObject *name, PyObject *imported)
+{
+    PyObject *cls = PyDict_GetItemWithError(module_dict, name);
+    if (cls == NULL && PyErr_Occurred())
+        return NULL;
+    return Py_NewRef(cls != NULL ? cls : imported);
+}
+
 PyObject *
 tl_loop_create_future(LoopObject *self)
 {
+    tl_state *st = self->state;
+    PyObject *cls = current_class(st->futures_dict, st->str_Future, st->Future);
+    if (cls == NULL)
+        return NULL;
     PyObject *args[1] = {(PyObject *)self};
-    return PyObject_Vectorcall(self->state->Future, args, 0,
-                               self->state->kw_loop);
+    PyObject *fut = PyObject_Vectorcall(cls, args, 0, st->kw_loop);
+    Py_DECREF(cls);
+    return fut;
 }
 
 static PyObject *
@@ -1457,9 +1533,87 @@ loop__remove_writer(LoopObject *self, PyObject *fd)
 static PyObject *
 loop_create_future(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *args[1] = {(PyObject *)self};
-    return PyObject_Vectorcall(self->state->Future, args, 0,
-                               self->state->kw_loop);
+    return tl_loop_create_future(self);
+}
+
+/* create_task(coro[, name=][, context=]) with a task factory, as this
+ * interpreter's BaseEventLoop.create_task does it (st->create_task_style,
+ * read off that method by tideloop._compat):
+ *   HELPER    3.11-3.12: factory(loop, coro[, context=]), then
+ *             tasks._set_task_name(task, name);
+ *   SET_NAME  3.13: the same, then task.set_name(name), even for None;
+ *   KWARGS    3.14: factory(loop, coro, name=..., context=...) as given. */
+static PyObject *
+create_task_with_factory(LoopObject *self, PyObject *coro, PyObject *name,
+                         PyObject *context)
+{
+    tl_state *st = self->state;
+    PyObject *fargs[4] = {(PyObject *)self, coro, NULL, NULL};
+    PyObject *kw = NULL;
+    Py_ssize_t nkw = 0;
+    int kwargs_style = st->create_task_style == TL_CREATE_TASK_KWARGS;
+    if ((kwargs_style && name != Py_None) || context != Py_None) {
+        kw = PyTuple_New((kwargs_style && name != Py_None) + (context != Py_None));
+        if (kw == NULL)
+            return NULL;
+        if (kwargs_style && name != Py_None) {
+            fargs[2 + nkw] = name;
+            PyTuple_SET_ITEM(kw, nkw++, Py_NewRef(st->str_name));
+        }
+        if (context != Py_None) {
+            fargs[2 + nkw] = context;
+            PyTuple_SET_ITEM(kw, nkw++, Py_NewRef(st->str_context));
+        }
+    }
+    PyObject *factory = Py_NewRef(self->task_factory);
+    PyObject *task = PyObject_Vectorcall(factory, fargs, 2, kw);
+    Py_DECREF(factory);
+    Py_XDECREF(kw);
+    if (task == NULL || kwargs_style)
+        return task;
+    PyObject *r;
+    if (st->create_task_style == TL_CREATE_TASK_HELPER) {
+        if (name == Py_None)
+            return task;
+        r = PyObject_CallFunctionObjArgs(st->set_task_name, task, name, NULL);
+    }
+    else {
+        r = PyObject_CallMethodOneArg(task, st->str_set_name, name);
+    }
+    if (r == NULL)
+        Py_CLEAR(task);
+    Py_XDECREF(r);
+    return task;
+}
+
+/* func(self, *args, **kw) for a vectorcall's arguments (the caller's spare
+ * slot before args is used when it offers one). */
+static PyObject *
+call_with_self(PyObject *func, PyObject *self, PyObject *const *args,
+               Py_ssize_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+    if (nargsf & PY_VECTORCALL_ARGUMENTS_OFFSET) {
+        PyObject **slot = (PyObject **)args - 1;
+        PyObject *saved = *slot;
+        *slot = self;
+        PyObject *r = PyObject_Vectorcall(func, slot, nargs + 1, kwnames);
+        *slot = saved;
+        return r;
+    }
+    PyObject *small[8];
+    PyObject **buf = total + 1 <= 8 ? small
+                                    : PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *));
+    if (buf == NULL)
+        return PyErr_NoMemory();
+    buf[0] = self;
+    for (Py_ssize_t i = 0; i < total; i++)
+        buf[i + 1] = args[i];
+    PyObject *r = PyObject_Vectorcall(func, buf, nargs + 1, kwnames);
+    if (buf != small)
+        PyMem_Free(buf);
+    return r;
 }
 
 static PyObject *
@@ -1474,7 +1628,8 @@ loop_create_task(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
     tl_state *st = self->state;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *name = Py_None, *context = Py_None;
-    int fast = self->task_factory == NULL && nargs == 1;
+    int fast = nargs == 1 && (self->task_factory == NULL ||
+                              st->create_task_style != TL_CREATE_TASK_STOCK);
     if (fast && kwnames != NULL) {
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++) {
             PyObject *k = PyTuple_GET_ITEM(kwnames, i);
@@ -1486,17 +1641,13 @@ loop_create_task(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
                 fast = 0;
         }
     }
-    if (!fast) {
-        PyObject *stock = PyObject_GetAttr((PyObject *)self,
-                                           st->str_create_task_stock);
-        if (stock == NULL)
-            return NULL;
-        PyObject *r = PyObject_Vectorcall(stock, args, nargsf, kwnames);
-        Py_DECREF(stock);
-        return r;
-    }
+    if (!fast)
+        return call_with_self(st->create_task_stock, (PyObject *)self, args,
+                              nargsf, kwnames);
     if (check_closed(self) < 0)
         return NULL;
+    if (self->task_factory != NULL)
+        return create_task_with_factory(self, args[0], name, context);
     PyObject *coro = args[0];
     PyObject *cargs[4] = {coro, (PyObject *)self, NULL, NULL};
     PyObject *kw = PyTuple_New(1 + (name != Py_None) + (context != Py_None));
@@ -1515,7 +1666,13 @@ loop_create_task(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
         PyTuple_SET_ITEM(kw, k, Py_NewRef(st->str_context));
         k++;
     }
-    PyObject *task = PyObject_Vectorcall(st->Task, cargs, 1, kw);
+    PyObject *cls = current_class(st->tasks_dict, st->str_Task, st->Task);
+    if (cls == NULL) {
+        Py_DECREF(kw);
+        return NULL;
+    }
+    PyObject *task = PyObject_Vectorcall(cls, cargs, 1, kw);
+    Py_DECREF(cls);
     Py_DECREF(kw);
     return task;
 }
@@ -1848,6 +2005,7 @@ static PyMethodDef loop_methods[] = {
      "Stop after the current iteration."},
     {"is_running", (PyCFunction)loop_is_running, METH_NOARGS, NULL},
     {"is_closed", (PyCFunction)loop_is_closed, METH_NOARGS, NULL},
+    {"_check_closed", (PyCFunction)loop_check_closed, METH_NOARGS, NULL},
     {"get_debug", (PyCFunction)loop_get_debug, METH_NOARGS, NULL},
     {"_set_debug_flag", (PyCFunction)loop_set_debug_flag, METH_O, NULL},
     {"run_forever", (PyCFunction)loop_run_forever, METH_NOARGS,

@@ -150,12 +150,36 @@ add_compat_table(PyObject *m)
     return rc;
 }
 
+/* *out = a new reference to the __dict__ of module name. */
+static int
+module_dict(PyObject **out, const char *name)
+{
+    PyObject *m = PyImport_ImportModule(name);
+    if (m == NULL)
+        return -1;
+    *out = Py_XNewRef(PyModule_GetDict(m));
+    Py_DECREF(m);
+    return *out == NULL ? -1 : 0;
+}
+
+/* *out = bool(compat.<name>); -1 with the error set. */
+static int
+compat_flag(PyObject *compat, const char *name, int *out)
+{
+    PyObject *v = PyObject_GetAttrString(compat, name);
+    if (v == NULL)
+        return -1;
+    *out = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return *out < 0 ? -1 : 0;
+}
+
 /* Every step returns at the first error, with that error set. */
 static int
 core_exec(PyObject *m)
 {
     tl_state *st = PyModule_GetState(m);
-    PyObject *compat = NULL, *flow = NULL, *attach = NULL;
+    PyObject *compat = NULL, *flow = NULL;
     int rc = -1;
 
     /* Private names of asyncio come from one place, with fallbacks. */
@@ -171,14 +195,39 @@ core_exec(PyObject *m)
         FROM_COMPAT(TransportSocket, "TransportSocket") ||
         FROM_COMPAT(sendfile_try_native, "SENDFILE_TRY_NATIVE") ||
         FROM_COMPAT(iscoroutine, "iscoroutine") ||
-        FROM_COMPAT(iscoroutinefunction, "iscoroutinefunction"))
+        FROM_COMPAT(iscoroutinefunction, "iscoroutinefunction") ||
+        FROM_COMPAT(write_type_error_prefix, "WRITE_TYPE_ERROR_PREFIX") ||
+        FROM_COMPAT(sendto_type_error_prefix, "SENDTO_TYPE_ERROR_PREFIX") ||
+        FROM_COMPAT(ThreadSafeHandle, "ThreadSafeHandle") ||
+        FROM_COMPAT(create_task_stock, "create_task_stock") ||
+        FROM_COMPAT(set_task_name, "set_task_name"))
         goto done;
 #undef FROM_COMPAT
-    if ((flow = PyObject_GetAttrString(compat, "FlowControlMixin")) == NULL ||
-        (attach = PyObject_GetAttrString(compat,
-                                         "SERVER_ATTACH_TAKES_TRANSPORT")) == NULL)
+    if (!PyUnicode_Check(st->write_type_error_prefix) ||
+        !PyUnicode_Check(st->sendto_type_error_prefix)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "tideloop._compat: the type error prefixes must be str");
         goto done;
-    if ((st->server_attach_takes_transport = PyObject_IsTrue(attach)) < 0)
+    }
+    PyObject *style = PyObject_GetAttrString(compat, "CREATE_TASK_STYLE");
+    if (style == NULL)
+        goto done;
+    st->create_task_style = (int)PyLong_AsLong(style);
+    Py_DECREF(style);
+    if (st->create_task_style == -1 && PyErr_Occurred())
+        goto done;
+    if (st->create_task_style < TL_CREATE_TASK_STOCK ||
+        st->create_task_style > TL_CREATE_TASK_KWARGS ||
+        (st->create_task_style == TL_CREATE_TASK_HELPER &&
+         st->set_task_name == Py_None))
+        st->create_task_style = TL_CREATE_TASK_STOCK;
+    if (compat_flag(compat, "WRITELINES_VIEWS", &st->writelines_views) < 0 ||
+        compat_flag(compat, "WRITELINES_SKIPS_EMPTY", &st->writelines_skips_empty) < 0 ||
+        compat_flag(compat, "DGRAM_SENDS_EMPTY", &st->dgram_sends_empty) < 0)
+        goto done;
+    if ((flow = PyObject_GetAttrString(compat, "FlowControlMixin")) == NULL ||
+        compat_flag(compat, "SERVER_ATTACH_TAKES_TRANSPORT",
+                    &st->server_attach_takes_transport) < 0)
         goto done;
 
     if ((st->HandleType = add_type(m, &tl_handle_spec, NULL)) == NULL ||
@@ -230,7 +279,12 @@ core_exec(PyObject *m)
         intern(&st->str_get_buffer, "get_buffer") < 0 ||
         intern(&st->str_buffer_updated, "buffer_updated") < 0 ||
         intern(&st->str_get_running_loop, "_get_running_loop") < 0 ||
-        intern(&st->str_create_task_stock, "_create_task_stock") < 0)
+        intern(&st->str_Task, "Task") < 0 ||
+        intern(&st->str__run, "_run") < 0 ||
+        intern(&st->str_set_name, "set_name") < 0 ||
+        intern(&st->str_Future, "Future") < 0 ||
+        module_dict(&st->tasks_dict, "asyncio.tasks") < 0 ||
+        module_dict(&st->futures_dict, "asyncio.futures") < 0)
         goto done;
     PyObject *loop_str = PyUnicode_InternFromString("loop");
     if (loop_str == NULL)
@@ -247,7 +301,6 @@ core_exec(PyObject *m)
 done:
     Py_XDECREF(compat);
     Py_XDECREF(flow);
-    Py_XDECREF(attach);
     return rc;
 }
 
@@ -274,6 +327,14 @@ core_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->sendfile_try_native);
     Py_VISIT(st->Future);
     Py_VISIT(st->Task);
+    Py_VISIT(st->str__run);
+    Py_VISIT(st->ThreadSafeHandle);
+    Py_VISIT(st->create_task_stock);
+    Py_VISIT(st->set_task_name);
+    Py_VISIT(st->str_Task);
+    Py_VISIT(st->str_Future);
+    Py_VISIT(st->tasks_dict);
+    Py_VISIT(st->futures_dict);
     Py_VISIT(st->events_module);
     Py_VISIT(st->format_callback_source);
     Py_VISIT(st->extract_stack);
@@ -281,6 +342,8 @@ core_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->iscoroutinefunction);
     Py_VISIT(st->logger);
     Py_VISIT(st->format_handle);
+    Py_VISIT(st->write_type_error_prefix);
+    Py_VISIT(st->sendto_type_error_prefix);
     Py_VISIT(st->get_asyncgen_hooks);
     Py_VISIT(st->set_asyncgen_hooks);
     Py_VISIT(st->empty_vars);
@@ -313,6 +376,12 @@ core_clear(PyObject *m)
     Py_CLEAR(st->sendfile_try_native);
     Py_CLEAR(st->Future);
     Py_CLEAR(st->Task);
+    Py_CLEAR(st->str__run);
+    Py_CLEAR(st->ThreadSafeHandle);
+    Py_CLEAR(st->str_Task);
+    Py_CLEAR(st->str_Future);
+    Py_CLEAR(st->tasks_dict);
+    Py_CLEAR(st->futures_dict);
     Py_CLEAR(st->events_module);
     Py_CLEAR(st->format_callback_source);
     Py_CLEAR(st->extract_stack);
@@ -320,6 +389,8 @@ core_clear(PyObject *m)
     Py_CLEAR(st->iscoroutinefunction);
     Py_CLEAR(st->logger);
     Py_CLEAR(st->format_handle);
+    Py_CLEAR(st->write_type_error_prefix);
+    Py_CLEAR(st->sendto_type_error_prefix);
     Py_CLEAR(st->get_asyncgen_hooks);
     Py_CLEAR(st->set_asyncgen_hooks);
     Py_CLEAR(st->kw_loop);
@@ -349,7 +420,9 @@ core_clear(PyObject *m)
     Py_CLEAR(st->str_buffer_updated);
     Py_CLEAR(st->str_datagram_received);
     Py_CLEAR(st->str_get_running_loop);
-    Py_CLEAR(st->str_create_task_stock);
+    Py_CLEAR(st->create_task_stock);
+    Py_CLEAR(st->set_task_name);
+    Py_CLEAR(st->str_set_name);
     return 0;
 }
 

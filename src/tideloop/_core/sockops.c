@@ -271,12 +271,8 @@ check_socket(SockOpObject *self)
             return -1;
         }
     }
-    PyObject *fdo = PyObject_CallMethodNoArgs(self->sock, st->str_fileno);
-    if (fdo == NULL)
-        return -1;
-    long fd = PyLong_AsLong(fdo);
-    Py_DECREF(fdo);
-    if (fd == -1 && PyErr_Occurred())
+    long fd;
+    if (tl_call_fileno(self->sock, &fd) < 0)
         return -1;
     self->fd = (int)fd;
     return 0;

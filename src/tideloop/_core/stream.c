@@ -561,29 +561,31 @@ tl_tr_write_bytes(SocketTransportObject *self, PyObject *obj, const char *data,
     return tl_tr_maybe_pause_protocol(self);
 }
 
+/* write() accepts bytes, bytearray and memoryview; the message is the one
+ * this interpreter's stock transport words (prefix from tideloop._compat). */
 int
-tl_tr_check_writable_data(PyObject *data)
+tl_tr_check_writable_data(PyObject *prefix, PyObject *data)
 {
     if (!PyBytes_Check(data) && !PyByteArray_Check(data) &&
         !PyMemoryView_Check(data)) {
-        PyErr_Format(PyExc_TypeError,
-                     "data argument must be a bytes-like object, not '%.200s'",
+        PyErr_Format(PyExc_TypeError, "%U'%.200s'", prefix,
                      tl_type_name(Py_TYPE(data)));
         return -1;
     }
     return 0;
 }
 
+/* method: "write" or "writelines", as the stock messages name it. */
 static int
-check_can_write(SocketTransportObject *self)
+check_can_write(SocketTransportObject *self, const char *method)
 {
     if (self->eof) {
-        PyErr_SetString(PyExc_RuntimeError, "Cannot call write() after write_eof()");
+        PyErr_Format(PyExc_RuntimeError, "Cannot call %s() after write_eof()", method);
         return -1;
     }
     if (self->empty_waiter != NULL) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "unable to write; sendfile is in progress");
+        PyErr_Format(PyExc_RuntimeError,
+                     "unable to %s; sendfile is in progress", method);
         return -1;
     }
     return 0;
@@ -639,17 +641,87 @@ tl_tr_write_object(SocketTransportObject *self, PyObject *data)
 static PyObject *
 tl_tr_write(SocketTransportObject *self, PyObject *data)
 {
-    if (tl_tr_check_writable_data(data) < 0 || check_can_write(self) < 0)
+    if (tl_tr_check_writable_data(self->loop->state->write_type_error_prefix,
+                                  data) < 0 ||
+        check_can_write(self, "write") < 0)
         return NULL;
     if (tl_tr_write_object(self, data) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
+/* Write the items of seq (checked already) in order; after the first
+ * write that loses the connection, the rest has nowhere to go. */
+static PyObject *
+write_items(SocketTransportObject *self, PyObject *seq)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    int was_lost = self->conn_lost;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (tl_tr_write_object(self, items[i]) < 0)
+            return NULL;
+        if (!was_lost && self->conn_lost)
+            break;   /* one failure, one report */
+    }
+    Py_RETURN_NONE;
+}
+
+/* 3.12+: the stock socket transport's own writelines(): a false argument
+ * writes nothing, a lost connection counts one write, every item must give
+ * a memoryview (later releases drop false items first), then all are
+ * queued.  tideloop copies mutable buffers where the stock transport keeps
+ * views of them (a deliberate difference: the caller may reuse its buffer). */
+static PyObject *
+tl_tr_writelines_views(SocketTransportObject *self, PyObject *list)
+{
+    if (check_can_write(self, "writelines") < 0)
+        return NULL;
+    int truth = PyObject_IsTrue(list);
+    if (truth <= 0)
+        return truth < 0 ? NULL : Py_NewRef(Py_None);
+    if (self->conn_lost) {
+        if (tl_tr_write_bytes(self, NULL, NULL, 0) < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *it = PyObject_GetIter(list);
+    if (it == NULL)
+        return NULL;
+    PyObject *kept = PyList_New(0), *item;
+    if (kept == NULL) {
+        Py_DECREF(it);
+        return NULL;
+    }
+    while ((item = PyIter_Next(it)) != NULL) {
+        int keep = 1;
+        if (self->loop->state->writelines_skips_empty)
+            keep = PyObject_IsTrue(item);
+        if (keep > 0 && !PyObject_CheckBuffer(item)) {
+            PyErr_Format(PyExc_TypeError,
+                         "memoryview: a bytes-like object is required, not '%.200s'",
+                         tl_type_name(Py_TYPE(item)));
+            keep = -1;
+        }
+        if (keep > 0 && PyList_Append(kept, item) < 0)
+            keep = -1;
+        Py_DECREF(item);
+        if (keep < 0)
+            break;
+    }
+    Py_DECREF(it);
+    PyObject *r = PyErr_Occurred() ? NULL : write_items(self, kept);
+    Py_DECREF(kept);
+    return r;
+}
+
 static PyObject *
 tl_tr_writelines(SocketTransportObject *self, PyObject *list)
 {
-    /* asyncio joins the items first: check them all before writing any. */
+    if (self->loop->state->writelines_views)
+        return tl_tr_writelines_views(self, list);
+    /* 3.11: WriteTransport.writelines joins the items first: check them all
+     * before writing any. */
     PyObject *seq = PySequence_Fast(list, "writelines() argument must be iterable");
     if (seq == NULL)
         return NULL;
@@ -664,7 +736,7 @@ tl_tr_writelines(SocketTransportObject *self, PyObject *list)
             return NULL;
         }
     }
-    if (check_can_write(self) < 0) {
+    if (check_can_write(self, "write") < 0) {
         Py_DECREF(seq);
         return NULL;
     }
@@ -684,17 +756,9 @@ tl_tr_writelines(SocketTransportObject *self, PyObject *list)
             return NULL;
         Py_RETURN_NONE;
     }
-    int was_lost = self->conn_lost;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (tl_tr_write_object(self, items[i]) < 0) {
-            Py_DECREF(seq);
-            return NULL;
-        }
-        if (!was_lost && self->conn_lost)
-            break;   /* one failure, one report: the rest has nowhere to go */
-    }
+    PyObject *r = write_items(self, seq);
     Py_DECREF(seq);
-    Py_RETURN_NONE;
+    return r;
 }
 
 static PyObject *
@@ -1147,6 +1211,39 @@ tl_tr_get_sock_attr(SocketTransportObject *self, void *Py_UNUSED(c))
     return tl_tr_get_sock(self);
 }
 
+/* Setting _sock (tests wrap the socket to watch it): the new object must own
+ * the same file descriptor, which is what this transport works on. */
+static int
+tl_tr_set_sock_attr(SocketTransportObject *self, PyObject *value,
+                    void *Py_UNUSED(c))
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete _sock");
+        return -1;
+    }
+    long fd;
+    if (tl_call_fileno(value, &fd) < 0)
+        return -1;
+    if (fd != self->fd) {
+        PyErr_Format(PyExc_ValueError,
+                     "_sock must own this transport's file descriptor %d, not %ld",
+                     self->fd, fd);
+        return -1;
+    }
+    Py_XSETREF(self->sock, Py_NewRef(value));
+    return 0;
+}
+
+/* asyncio's socket transport keeps the callback its reader calls in
+ * _read_ready_cb, None once close() was called or the connection lost. */
+static PyObject *
+tl_tr_get_read_ready_cb(SocketTransportObject *self, void *Py_UNUSED(c))
+{
+    if (self->head.closing || self->conn_lost || self->read_ready == NULL)
+        Py_RETURN_NONE;
+    return Py_NewRef(self->read_ready);
+}
+
 PyObject *
 tl_tr_get_fd_attr(SocketTransportObject *self, void *Py_UNUSED(c))
 {
@@ -1355,16 +1452,12 @@ tl_loop_make_socket_transport(PyObject *loop, PyObject *args, PyObject *kwds)
         py_int_attr(sock, "type", &type) == NULL ||
         py_int_attr(sock, "proto", &proto) == NULL)
         return NULL;
-    PyObject *fdo = PyObject_CallMethod(sock, "fileno", NULL);
-    if (fdo == NULL)
-        return NULL;
-    int fd = (int)PyLong_AsLong(fdo);
-    Py_DECREF(fdo);
-    if (fd == -1 && PyErr_Occurred())
+    long fd;
+    if (tl_call_fileno(sock, &fd) < 0)
         return NULL;
     return (PyObject *)tl_tr_create((LoopObject *)loop,
                                     ((LoopObject *)loop)->state->SocketTransportType,
-                                    TL_TR_STREAM, fd, sock, family, type, proto,
+                                    TL_TR_STREAM, (int)fd, sock, family, type, proto,
                                     protocol, waiter, extra, server, NULL, 0);
 }
 
@@ -1502,7 +1595,8 @@ static PyMethodDef tl_tr_methods[] = {
 };
 
 static PyGetSetDef tl_tr_getset[] = {
-    {"_sock", (getter)tl_tr_get_sock_attr, NULL, NULL, NULL},
+    {"_sock", (getter)tl_tr_get_sock_attr, (setter)tl_tr_set_sock_attr, NULL, NULL},
+    {"_read_ready_cb", (getter)tl_tr_get_read_ready_cb, NULL, NULL, NULL},
     {"_sock_fd", (getter)tl_tr_get_fd_attr, NULL, NULL, NULL},
     {"_loop", (getter)tl_tr_get_loop_attr, NULL, NULL, NULL},
     {"_server", (getter)tl_tr_get_server_attr, NULL, NULL, NULL},

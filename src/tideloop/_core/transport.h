@@ -129,7 +129,7 @@ int tl_tr_schedule_connection_lost(SocketTransportObject *self, PyObject *exc);
 int tl_tr_force_close(SocketTransportObject *self, PyObject *exc);
 PyObject *tl_tr_call_connection_lost(SocketTransportObject *self, PyObject *exc);
 PyObject *tl_tr_os_error(void);
-int tl_tr_check_writable_data(PyObject *data);
+int tl_tr_check_writable_data(PyObject *prefix, PyObject *data);
 PyObject *tl_tr_close(SocketTransportObject *self, PyObject *Py_UNUSED(ignored));
 PyObject *tl_tr_abort(SocketTransportObject *self, PyObject *Py_UNUSED(ignored));
 PyObject *tl_tr_force_close_meth(SocketTransportObject *self, PyObject *exc);
