@@ -52,9 +52,14 @@ import socket
 import struct
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 import warnings
+
+# A str seed is hashed with sha512, whose module 3.13+ imports on first use:
+# seed once now, before a scenario uses up the file descriptors.
+random.Random("import the seed hash now")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -130,7 +135,7 @@ def child_env():
     tideloop."""
     env = dict(os.environ)
     import glob
-    if glob.glob(os.path.join(SRC, "tideloop", "_core*.so")):
+    if os.path.exists(os.path.join(SRC, "tideloop", "_core" + sysconfig.get_config_var("EXT_SUFFIX"))):
         env["PYTHONPATH"] = os.pathsep.join(
             [SRC] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.pop("PYTHONASYNCIODEBUG", None)

@@ -19,7 +19,12 @@ def norm(text):
 def _tideloop_root():
     """Where the tideloop under test comes from: the in-place build in src/
     when there is one, else wherever the parent imports it (site-packages)."""
-    if list((SRC_DIR / "tideloop").glob("_core*.so")):
+    import sysconfig
+
+    # Only a build for this very interpreter counts: src/ may hold builds
+    # for other versions, and without ours src/tideloop would shadow the
+    # installed package with a _core that cannot load.
+    if (SRC_DIR / "tideloop" / ("_core" + sysconfig.get_config_var("EXT_SUFFIX"))).exists():
         return SRC_DIR
     import importlib.util
 
@@ -40,3 +45,22 @@ def child_env(extra=None):
     if extra:
         env.update(extra)
     return env
+
+
+def _args_in_repr():
+    """Whether handle reprs and callback error messages show the call's
+    arguments outside debug mode: up to 3.13.x; later 3.13 releases and 3.14
+    show them only in debug mode (format_helpers._format_args_and_kwargs
+    takes debug=)."""
+    import asyncio.format_helpers as fh
+    import inspect
+    return "debug" not in inspect.signature(fh._format_args_and_kwargs).parameters
+
+
+ARGS_IN_REPR = _args_in_repr()
+
+
+def shown_args(text):
+    """The argument list ``text`` (e.g. "(1, 'a')") as a repr made outside
+    debug mode shows it on this interpreter."""
+    return text if ARGS_IN_REPR else "()"

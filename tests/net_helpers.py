@@ -290,3 +290,15 @@ def recv_all(sock, n=None):
             break
         buf += chunk
     return bytes(buf)
+
+
+def bind_error_message(err, address):
+    """str() of the OSError asyncio raises when binding ``address`` fails with
+    errno ``err``, worded as this interpreter's base_events words it (later
+    3.13 and 3.14 releases put str(exc) where earlier ones put strerror)."""
+    import inspect
+    import os
+    detail = os.strerror(err).lower()
+    if "{str(exc).lower()}" in inspect.getsource(asyncio.base_events):
+        detail = f"[errno {err}] {detail}"
+    return f"[Errno {err}] error while attempting to bind on address {address!r}: {detail}"

@@ -1,6 +1,7 @@
 """Bad arguments and calls on closed loops."""
 import asyncio
 import math
+import sys
 import time
 
 import pytest
@@ -46,7 +47,11 @@ def test_call_at_in_the_past_runs_soon(loop):
     assert sorted(out) == ["past", "zero"]
 
 
-def test_nan_delay_does_not_crash(loop):
+def test_nan_delay_does_not_crash(request, loop_name, loop):
+    if loop_name == "asyncio" and sys.version_info >= (3, 13):
+        request.node.add_marker(pytest.mark.xfail(strict=True, reason=(
+            "stock asyncio 3.13+: a NaN delay reaches the selector's timeout and "
+            "run_forever() raises ValueError (tideloop keeps running)")))
     out = []
     try:
         h = loop.call_later(math.nan, out.append, "nan")

@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from loop_helpers import norm
+from loop_helpers import norm, shown_args
 
 HERE = __file__
 
@@ -30,7 +30,8 @@ def test_callback_exception_goes_to_handler(loop):
     lp, ctx = contexts[0]
     assert lp is loop
     assert set(ctx) == {"message", "exception", "handle"}
-    assert ctx["message"] == f"Exception in callback boom(1, 'x') at {HERE}:{BOOM_LINE}"
+    args = shown_args("(1, 'x')")
+    assert ctx["message"] == f"Exception in callback boom{args} at {HERE}:{BOOM_LINE}"
     assert isinstance(ctx["exception"], ValueError)
     assert ctx["exception"].args == ("boom",)
     assert ctx["exception"].__traceback__ is not None

@@ -2,6 +2,7 @@
 reuse_address / reuse_port, start_serving, close / wait_closed,
 serve_forever, async with; the accept path (batches, EMFILE)."""
 import asyncio
+import inspect
 import errno
 import json
 import shutil
@@ -12,7 +13,7 @@ import pytest
 
 from net_helpers import (
     EchoProtocol, Recorder, arun, close_server, fd_leak_check, needs_ipv6,
-    open_fds, raw_client, wait, wait_until,
+    open_fds, raw_client, wait, wait_until, bind_error_message,
 )
 
 
@@ -157,9 +158,8 @@ def test_address_in_use(loop):
             with pytest.raises(OSError) as ei:
                 await loop.create_server(EchoProtocol, "127.0.0.1", port, reuse_address=False)
             assert ei.value.errno == errno.EADDRINUSE
-            assert str(ei.value) == (
-                f"[Errno {errno.EADDRINUSE}] error while attempting to bind on "
-                f"address ('127.0.0.1', {port}): address already in use")
+            assert str(ei.value) == bind_error_message(errno.EADDRINUSE,
+                                                       ("127.0.0.1", port))
             fd_leak_check(before)
         finally:
             busy.close()
@@ -507,10 +507,13 @@ def test_emfile_pauses_accepting_and_keeps_serving(run_script):
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["made_paused"] == 2
-    # reported, then accepting pauses: asyncio 3.11 reports once per remaining
-    # iteration of its accept batch (up to backlog=100 times) in one burst,
-    # then waits ACCEPT_RETRY_DELAY (1 s); no reports, no CPU while paused
-    assert 1 <= out["calls_paused"] <= 100, out
+    # reported, then accepting pauses: asyncio reports once per remaining
+    # iteration of its accept batch (up to backlog=100 times, 3.14: 101) in
+    # one burst, then waits ACCEPT_RETRY_DELAY (1 s); no reports, no CPU
+    # while paused
+    batch = 101 if "range(backlog + 1)" in inspect.getsource(
+        asyncio.selector_events.BaseSelectorEventLoop._accept_connection) else 100
+    assert 1 <= out["calls_paused"] <= batch, out
     assert out["paused_spread"] < 0.1, out
     assert out["cpu_paused"] < 0.2, out
     assert out["echo"] == "alive"

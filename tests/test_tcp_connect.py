@@ -15,7 +15,7 @@ import pytest
 
 from net_helpers import (
     EchoProtocol, Recorder, arun, close_server, dead_port, fd_leak_check,
-    ipv6_available, needs_ipv6, open_fds, start_server, wait, wait_until,
+    ipv6_available, needs_ipv6, open_fds, start_server, wait, wait_until, bind_error_message,
 )
 
 dead_port = dead_port  # fixture re-export
@@ -200,9 +200,8 @@ def test_local_addr_in_use(loop, echo_server):
                 await loop.create_connection(Recorder, *echo_server,
                                              local_addr=("127.0.0.1", port))
             assert ei.value.errno == errno.EADDRINUSE
-            assert str(ei.value) == (
-                f"[Errno {errno.EADDRINUSE}] error while attempting to bind on "
-                f"address ('127.0.0.1', {port}): address already in use")
+            assert str(ei.value) == bind_error_message(errno.EADDRINUSE,
+                                                       ("127.0.0.1", port))
             fd_leak_check(before)
         finally:
             busy.close()

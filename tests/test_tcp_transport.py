@@ -5,8 +5,10 @@ Every test runs over TCP (127.0.0.1) and over a Unix socket in tmp_path.
 """
 import array
 import asyncio
+import inspect
 import logging
 import socket
+import sys
 
 import pytest
 
@@ -14,6 +16,34 @@ from net_helpers import (
     EchoProtocol, Recorder, arun, close_server, collapse, connected_pair,
     fd_leak_check, open_fds, raw_client, start_server, wait, wait_until,
 )
+
+
+# 3.12+: the stock socket transport has a writelines() of its own.
+WRITELINES_VIEWS = "writelines" in vars(asyncio.selector_events._SelectorSocketTransport)
+
+
+# Early 3.12/3.13 releases: the stock writelines() does not check for a lost
+# connection before it writes.
+STOCK_WRITELINES_AFTER_LOSS_BUG = WRITELINES_VIEWS and "_conn_lost" not in \
+    inspect.getsource(asyncio.selector_events._SelectorSocketTransport.writelines)
+
+
+def stock_write_type_error(bad):
+    """The message of the stock transport's write(bad) on this interpreter
+    (its type check comes before any use of the transport)."""
+    with pytest.raises(TypeError) as ei:
+        asyncio.selector_events._SelectorSocketTransport.write(None, bad)
+    return str(ei.value)
+
+
+@pytest.fixture
+def stock_keeps_views_xfail(request, loop_name):
+    """3.12+'s stock transport queues the caller's buffer itself (a view, no
+    copy): mutating it later changes what is sent.  tideloop copies."""
+    if loop_name == "asyncio" and sys.version_info >= (3, 12):
+        request.node.add_marker(pytest.mark.xfail(strict=True, reason=(
+            "stock asyncio 3.12+ keeps a view of a mutable buffer passed to "
+            "write()/writelines() (tideloop copies it)")))
 
 
 @pytest.fixture(params=["tcp", "unix"])
@@ -173,8 +203,8 @@ def test_write_non_bytes_type_error(loop, kind, tmp_path, bad, name):
         srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
         with pytest.raises(TypeError) as ei:
             ctr.write(bad)
-        assert str(ei.value) == (
-            f"data argument must be a bytes-like object, not {name!r}")
+        assert str(ei.value) == stock_write_type_error(bad)
+        assert str(ei.value).endswith(f", not {name!r}")
         with pytest.raises(TypeError):
             ctr.writelines(["text"])
         # the transport is unharmed
@@ -192,7 +222,11 @@ def test_writelines_type_error_message(loop, kind, tmp_path):
         srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
         with pytest.raises(TypeError) as ei:
             ctr.writelines([b"ok", "text"])
-        assert str(ei.value) == "sequence item 1: expected a bytes-like object, str found"
+        # 3.11 joins the items (WriteTransport.writelines); 3.12+ makes a
+        # memoryview of each (the socket transport's own writelines).
+        assert str(ei.value) == (
+            "memoryview: a bytes-like object is required, not 'str'" if WRITELINES_VIEWS
+            else "sequence item 1: expected a bytes-like object, str found")
         ctr.write(b"!")
         await spr.wait_bytes(1)
         assert bytes(spr.data) == b"!"  # nothing of the failed writelines went out
@@ -201,6 +235,7 @@ def test_writelines_type_error_message(loop, kind, tmp_path):
     arun(loop, main())
 
 
+@pytest.mark.usefixtures("stock_keeps_views_xfail")
 def test_writelines_copies_mutable_buffers(loop, kind, tmp_path):
     size = 8 << 20
 
@@ -222,9 +257,14 @@ def test_writelines_copies_mutable_buffers(loop, kind, tmp_path):
     arun(loop, main())
 
 
-def test_writelines_after_close_counts_once(loop, kind, tmp_path, caplog):
+def test_writelines_after_close_counts_once(request, loop_name, loop, kind, tmp_path, caplog):
     """asyncio 3.11's writelines() is write(b''.join(items)): after close it
-    counts as ONE lost write, however many items it has."""
+    counts as ONE lost write, however many items it has (b"" items: none).
+    3.12+'s own writelines() counts one per call with a true argument."""
+    if loop_name == "asyncio" and STOCK_WRITELINES_AFTER_LOSS_BUG:
+        request.node.add_marker(pytest.mark.xfail(strict=True, reason=(
+            "stock asyncio bug (3.12.1, 3.13.0): writelines() on a closed "
+            "transport calls its _write_ready, which connection_lost set to None")))
 
     def warnings_count():
         return sum(1 for r in caplog.records
@@ -236,11 +276,17 @@ def test_writelines_after_close_counts_once(loop, kind, tmp_path, caplog):
         for _ in range(3):
             ctr.writelines([b"x"] * 10)
         assert warnings_count() == 0  # 3 writes so far, not 30
-        ctr.writelines([b"", b""])  # joins to b"": not counted
+        ctr.writelines([b"", b""])  # 3.11: joins to b"", not counted; 3.12+: counted
+        ctr.writelines([])           # never counted
         ctr.write(b"4")
-        assert warnings_count() == 0
-        ctr.writelines([b"5", b"5"])
-        assert warnings_count() == 1
+        if WRITELINES_VIEWS:
+            assert warnings_count() == 1        # the 5th lost write warns
+            ctr.writelines([b"5", b"5"])
+            assert warnings_count() == 2
+        else:
+            assert warnings_count() == 0
+            ctr.writelines([b"5", b"5"])
+            assert warnings_count() == 1
         await wait(cpr.lost)
         await close_server(srv)
 
@@ -248,6 +294,7 @@ def test_writelines_after_close_counts_once(loop, kind, tmp_path, caplog):
         arun(loop, main())
 
 
+@pytest.mark.usefixtures("stock_keeps_views_xfail")
 def test_write_copies_mutable_buffers(loop, kind, tmp_path):
     """Data that cannot be sent at once is copied: mutating the caller's
     bytearray after write() must not change what the peer receives."""
@@ -486,7 +533,11 @@ def test_close_from_data_received(loop, kind, tmp_path):
         assert spr.events == ["made", "data", "lost"]
         assert bytes(spr.data) == b"a"
         assert spr.exc is None
-        assert cpr.events == ["made", "eof", "lost"]
+        # Over a Unix socket on 3.12+, both loops report the client's loss
+        # without an EOF first (its write of b"b" fails on the closed peer).
+        expected = (["made", "lost"] if kind == "unix" and sys.version_info >= (3, 12)
+                    else ["made", "eof", "lost"])
+        assert cpr.events == expected
         await close_server(srv)
 
     arun(loop, main())

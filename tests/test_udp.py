@@ -7,10 +7,12 @@ peers are plain sockets where the behaviour must not depend on the loop."""
 import asyncio
 import errno
 import gc
+import inspect
 import logging
 import os
 import random
 import socket
+import sys
 import warnings
 
 import pytest
@@ -183,14 +185,17 @@ def test_sendto_argument_types(loop):
         for bad in ("text", None, 42, [1, 2]):
             with pytest.raises(TypeError):
                 ctr.sendto(bad, saddr)
-        ctr.sendto(b"", saddr)            # empty: nothing is sent
+        ctr.sendto(b"", saddr)            # empty: not sent up to 3.12, sent from 3.13
         ctr.sendto(bytearray(), saddr)
         ctr.sendto(b"bytes", saddr)
         ctr.sendto(bytearray(b"bytearray"), saddr)
         ctr.sendto(memoryview(b"xmemoryviewx")[1:-1], saddr)
-        await sp.wait_count(3)
+        expected = [b"bytes", b"bytearray", b"memoryview"]
+        if sys.version_info >= (3, 13):
+            expected = [b"", b""] + expected
+        await sp.wait_count(len(expected))
         await asyncio.sleep(0.02)
-        assert sp.payloads == [b"bytes", b"bytearray", b"memoryview"]
+        assert sp.payloads == expected
         assert all(type(d) is bytes for d in sp.payloads)
         assert not ctr.is_closing() and calls == []
         await close_and_wait(sp, cp)
@@ -872,7 +877,18 @@ def _drain(sock):
             return out
 
 
-def test_pause_writing_when_kernel_buffer_full(loop, tmp_path):
+# 3.13.0's datagram transport adds 8 header bytes per queued datagram to its
+# buffer size and takes none off when it is sent (its size never returns to 0).
+_STOCK_DGRAM_SRC = inspect.getsource(asyncio.selector_events._SelectorDatagramTransport)
+STOCK_DGRAM_SIZE_BUG = ("self._buffer_size += len(data) + 8" in _STOCK_DGRAM_SRC
+                        and "self._buffer_size -= len(data)\n" in _STOCK_DGRAM_SRC)
+
+
+def test_pause_writing_when_kernel_buffer_full(request, loop_name, loop, tmp_path):
+    if loop_name == "asyncio" and STOCK_DGRAM_SIZE_BUG:
+        request.node.add_marker(pytest.mark.xfail(strict=True, reason=(
+            "stock asyncio 3.13.0 bug: the datagram write buffer size never "
+            "returns to 0")))
     r, rpath = _unix_pair(tmp_path)
 
     async def main():

@@ -17,6 +17,7 @@ If the process dies mid-test (crash, per-test watchdog), the parent sees a
 """
 
 import argparse
+import fnmatch
 import asyncio
 import asyncio.unix_events
 import faulthandler
@@ -161,8 +162,9 @@ def adapt_test_events(module, side, counter):
     """Select the loop test classes of test_events for this side."""
     if side in LOOP_SIDES:
         te = module
-        base = (te.UnixEventLoopTestsMixin, te.SubprocessTestsMixin,
-                te.test_utils.TestCase)
+        # The epoll class's own mixins: UnixEventLoopTestsMixin and
+        # SubprocessTestsMixin up to 3.13; 3.14 dropped the Unix mixin.
+        base = getattr(te, EVENTS_STOCK_CLASS).__bases__
         keep = LOOP_SIDES[side] + "EventLoopTests"
         cls = type(keep, base, {"create_event_loop": lambda self: counter()})
         cls.__module__ = module.__name__
@@ -333,6 +335,8 @@ def main():
     ap.add_argument("--test-timeout", type=float, default=0,
                     help="per-test watchdog in seconds (0 = off)")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--only", action="append", default=[], metavar="PATTERN",
+                    help="run only tests whose short id matches (fnmatch; by hand)")
     args = ap.parse_args()
 
     w = Writer(args.out)
@@ -360,7 +364,9 @@ def main():
             skip = {line.strip() for line in f if line.strip()}
 
     tests = [t for t in flatten(unittest.defaultTestLoader.loadTestsFromModule(module))
-             if (wanted is None or wanted(t)) and short_id(t.id()) not in skip]
+             if (wanted is None or wanted(t)) and short_id(t.id()) not in skip
+             and (not args.only or any(fnmatch.fnmatch(short_id(t.id()), p)
+                                       for p in args.only))]
     w.write(ev="meta", module=args.module, side=args.side,
             loop_type=f"{loop_cls.__module__}.{loop_cls.__qualname__}",
             checked=checked, ntests=len(tests), pid=os.getpid(),

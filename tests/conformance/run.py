@@ -75,6 +75,18 @@ MODULES = [
     # issue #5: UDP, pipes, subprocesses (UDP and pipes: test_events)
     "test_subprocess", "test_unix_events",
 ]
+# Modules of newer interpreters, run where this interpreter has them: eager
+# task factories (3.12+), staggered starts (3.13+), call graphs and
+# free-threaded use of asyncio (3.14).
+NEWER_MODULES = ["test_eager_task_factory", "test_staggered", "test_graph",
+                 "test_free_threading"]
+
+
+def default_modules():
+    """MODULES, then those of NEWER_MODULES that this interpreter ships."""
+    import importlib.util
+    return MODULES + [m for m in NEWER_MODULES
+                      if importlib.util.find_spec("test.test_asyncio." + m) is not None]
 
 SIDES = {"asyncio": ["stock"], "tideloop": ["tideloop"], "uvloop": ["uvloop"],
          "both": ["stock", "tideloop"], "all": ["stock", "tideloop", "uvloop"]}
@@ -465,7 +477,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--loop", type=parse_sides, default="both", metavar="|".join(SIDES),
                     help="sides to run, or a comma-separated list of %s" % ",".join(SIDE_ORDER))
-    ap.add_argument("--modules", help="comma-separated (default: %s)" % ",".join(MODULES))
+    ap.add_argument("--modules", help="comma-separated (default: %s, and where the "
+                    "interpreter has them %s)" % (",".join(MODULES), ",".join(NEWER_MODULES)))
     ap.add_argument("--json", help="write the full report here")
     ap.add_argument("--verbose", action="store_true",
                     help="list the ids of regressions, nyi and skipped tests")
@@ -489,7 +502,7 @@ def main(argv=None):
     ap.add_argument("--uvloop-factory", default="uvloop:Loop", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
-    modules = args.modules.split(",") if args.modules else MODULES
+    modules = args.modules.split(",") if args.modules else default_modules()
     sides = args.loop
     known = load_known(args.known)
     if os.sep in args.python:           # the children do not run in this directory
