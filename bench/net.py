@@ -36,6 +36,7 @@ import argparse
 import glob
 import json
 import os
+import sysconfig
 import platform
 import select
 import shlex
@@ -113,7 +114,7 @@ def server_env():
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     # Only an in-place build: without one, src/tideloop (whose _core is a
     # directory of C sources) would shadow the installed package.
-    if glob.glob(os.path.join(SRC, "tideloop", "_core*.so")) and SRC not in parts:
+    if os.path.exists(os.path.join(SRC, "tideloop", "_core" + sysconfig.get_config_var("EXT_SUFFIX"))) and SRC not in parts:
         parts.append(SRC)
     env["PYTHONPATH"] = os.pathsep.join(parts)
     env.pop("PYTHONASYNCIODEBUG", None)

@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""Run tideloop's checks on every supported CPython: the version matrix.
+
+    python tools/matrix.py [--only 3.12,3.14] [--jobs N] [--json OUT]
+                           [--dev-mode LEG] [--no-conformance] [--keep-going]
+
+For each interpreter (a "leg"): find or build it, make a fresh venv, install
+tideloop with its test extra from this checkout (warnings are errors:
+TIDELOOP_DEV=1), import it under ``-W error``, run the behavioural suite
+(with the quick stress run) and CPython's own asyncio tests of that
+interpreter on both loops (``tests/conformance/run.py --strict``, known
+failures: none).  The verdicts come from exit codes and parsed reports (the
+pytest summary line, the conformance JSON), never from reading the output.
+
+Legs (the interpreters CI tests; README "Supported versions"):
+  3.11     the machine's python3 (or $PYTHON)
+  3.12     pyenv's 3.12.1
+  3.13.0   pyenv's 3.13.0
+  3.13     the newest 3.13 release, built from the Debian archive's source
+           (tools/build_python.sh; cached under ~/.cache/cpython)
+  3.14     Debian sid's python3.14 binaries in a private root
+           (tools/python_from_debian.sh; cached under ~/.cache/cpython-debian)
+  3.13t    the newest 3.13, free-threaded build (--disable-gil); tideloop
+           does not declare Py_mod_gil, so the interpreter enables the GIL
+           when it loads tideloop._core (tested with PYTHON_GIL=1 so that
+           -W error does not trip on the interpreter's own warning about it)
+
+``--dev-mode LEG`` runs that leg's suite under ``-X dev`` with
+``PYTHONMALLOC=debug`` (children inherit the debug allocator).  Legs run
+``--jobs`` at a time (default 1); their logs go to ``--logdir``.
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
+                     "tideloop-matrix")
+
+LEGS = ["3.11", "3.12", "3.13.0", "3.13", "3.14", "3.13t"]
+INSTALL_LOCK = threading.Lock()
+
+
+def log(msg):
+    print(f"[matrix {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def pyenv_python(version):
+    try:
+        prefix = subprocess.run(["pyenv", "prefix", version], capture_output=True,
+                                text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    py = os.path.join(prefix, "bin", "python3")
+    return py if os.path.exists(py) else None
+
+
+def last_line(cmd, logf):
+    """Run a builder script; its last stdout line is the interpreter."""
+    with open(logf, "a") as f:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=f, text=True)
+    if p.returncode != 0:
+        return None
+    lines = p.stdout.strip().splitlines()
+    return lines[-1] if lines else None
+
+
+def find_interpreter(leg, logdir):
+    blog = os.path.join(logdir, f"build-{leg}.log")
+    if leg == "3.11":
+        return os.environ.get("PYTHON") or shutil.which("python3")
+    if leg == "3.12":
+        return pyenv_python("3.12.1") or last_line(
+            ["bash", os.path.join(HERE, "build_python.sh"), "3.12"], blog)
+    if leg == "3.13.0":
+        return pyenv_python("3.13.0") or last_line(
+            ["bash", os.path.join(HERE, "build_python.sh"), "3.13.0"], blog)
+    if leg == "3.13":
+        return last_line(["bash", os.path.join(HERE, "build_python.sh"), "3.13"], blog)
+    if leg == "3.13t":
+        return last_line(["bash", os.path.join(HERE, "build_python.sh"), "3.13",
+                          "--disable-gil"], blog)
+    if leg == "3.14":
+        return last_line(["bash", os.path.join(HERE, "python_from_debian.sh"), "3.14"], blog)
+    raise ValueError(leg)
+
+
+def run(cmd, logf, env=None, cwd=REPO, timeout=None):
+    with open(logf, "a") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.flush()
+        try:
+            p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                               cwd=cwd, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            f.write(f"\n[matrix] timed out after {timeout} s\n")
+            return 124
+    return p.returncode
+
+
+def pytest_counts(logf):
+    """The last pytest summary line's counts, e.g. {'passed': 1600, ...}."""
+    text = open(logf, errors="replace").read()
+    lines = [ln for ln in text.splitlines()
+             if re.search(r"\d+ (passed|failed)", ln) and " in " in ln]
+    if not lines:
+        return {}
+    return {k: int(n) for n, k in re.findall(r"(\d+) (\w+)", lines[-1])}
+
+
+def run_leg(leg, args):
+    logdir = args.logdir
+    logf = os.path.join(logdir, f"{leg}.log")
+    open(logf, "w").close()
+    res = {"leg": leg, "ok": False, "steps": {}}
+    t0 = time.monotonic()
+    py = find_interpreter(leg, logdir)
+    if not py:
+        res["error"] = "interpreter not found and could not be built"
+        return res
+    version = subprocess.run([py, "-c", "import sys; print(sys.version.split()[0] + "
+                              "('t' if not getattr(sys, '_is_gil_enabled', lambda: True)() "
+                              "else ''))"], capture_output=True, text=True).stdout.strip()
+    res["python"] = version
+    res["executable"] = py
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env.update(TIDELOOP_DEV="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_PREFER_BINARY="1")
+    if leg.endswith("t"):
+        env["PYTHON_GIL"] = "1"
+    venv = os.path.join(CACHE, f"venv-{leg}")
+    shutil.rmtree(venv, ignore_errors=True)
+    steps = res["steps"]
+
+    def step(name, cmd, **kw):
+        t = time.monotonic()
+        rc = run(cmd, logf, env=kw.pop("env", env), **kw)
+        steps[name] = {"rc": rc, "seconds": round(time.monotonic() - t, 1)}
+        log(f"{leg}: {name}: {'ok' if rc == 0 else f'FAILED (rc {rc})'} "
+            f"({steps[name]['seconds']} s)")
+        return rc == 0
+
+    vpy = os.path.join(venv, "bin", "python")
+    ok = step("venv", [py, "-m", "venv", venv])
+    # One install at a time: pip builds in the checkout, and concurrent
+    # builds would share src/tideloop.egg-info.
+    with INSTALL_LOCK:
+        ok = ok and step("install", [vpy, "-m", "pip", "install", "-q", ".[test]"])
+    ok = (ok and
+          step("import -W error", [vpy, "-W", "error", "-c",
+                                   "import tideloop, tideloop._core as c; "
+                                   "print(tideloop.__file__, dict(c.compat))"],
+               cwd=tempfile.gettempdir()))
+    if ok:
+        cmd = [vpy]
+        test_env = dict(env)
+        if leg == args.dev_mode:
+            cmd += ["-X", "dev"]
+            test_env["PYTHONMALLOC"] = "debug"
+        cmd += ["-m", "pytest", "tests", "-q", "-p", "no:cacheprovider",
+                "--ignore=tests/test_packaging.py"]
+        ok_tests = step("suite" + (" (-X dev, debug allocator)" if leg == args.dev_mode else ""),
+                        cmd, env=test_env)
+        res["pytest"] = pytest_counts(logf)
+        ok = ok_tests
+        if not args.no_conformance:
+            cj = os.path.join(logdir, f"conformance-{leg}.json")
+            ok_conf = step("conformance", [vpy, "tests/conformance/run.py", "--loop", "both",
+                                           "--strict", "--known",
+                                           "tests/conformance/known_failures.txt",
+                                           "--json", cj])
+            try:
+                with open(cj) as f:
+                    res["conformance"] = summarize_conformance(json.load(f))
+            except (OSError, ValueError):
+                res["conformance"] = None
+                ok_conf = False
+            ok = ok and ok_conf
+    res["ok"] = ok
+    res["seconds"] = round(time.monotonic() - t0, 1)
+    return res
+
+
+def summarize_conformance(data):
+    """Totals per side and the regression count, from run.py's --json."""
+    totals, regressions = {}, 0
+    for d in data.get("modules", {}).values():
+        for side in ("stock", "tideloop"):
+            c = (d.get(side) or {}).get("counts") or {}
+            t = totals.setdefault(side, {})
+            for k, v in c.items():
+                t[k] = t.get(k, 0) + v
+        regressions += len(d.get("regressions", []))
+    return {"totals": totals, "regressions": regressions,
+            "modules": len(data.get("modules", {}))}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default=",".join(LEGS),
+                    help="comma-separated legs (default: all: %(default)s)")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--logdir", default=None)
+    ap.add_argument("--dev-mode", default=None, metavar="LEG")
+    ap.add_argument("--no-conformance", action="store_true")
+    args = ap.parse_args(argv)
+    legs = [x.strip() for x in args.only.split(",") if x.strip()]
+    for leg in legs:
+        if leg not in LEGS:
+            ap.error(f"unknown leg {leg!r} (known: {', '.join(LEGS)})")
+    args.logdir = args.logdir or tempfile.mkdtemp(prefix="tideloop-matrix-")
+    os.makedirs(args.logdir, exist_ok=True)
+    os.makedirs(CACHE, exist_ok=True)
+    log(f"legs {legs}, {args.jobs} at a time, logs in {args.logdir}")
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as ex:
+        results = list(ex.map(lambda leg: run_leg(leg, args), legs))
+    print()
+    print(f"{'leg':<7} {'python':<10} {'result':<7} {'suite p/f/s':<16} "
+          f"{'conformance stock/tideloop passed':<34} {'regr':<5} {'min':>5}")
+    for r in results:
+        c = r.get("conformance") or {}
+        tot = c.get("totals") or {}
+        st, tl = tot.get("stock", {}), tot.get("tideloop", {})
+        pc = r.get("pytest", {})
+        print(f"{r['leg']:<7} {r.get('python', '?'):<10} {'ok' if r['ok'] else 'FAIL':<7} "
+              f"{pc.get('passed', 0)}/{pc.get('failed', 0) + pc.get('error', 0) + pc.get('errors', 0)}/"
+              f"{pc.get('skipped', 0):<10} "
+              f"{str(st.get('passed', '-')) + '/' + str(tl.get('passed', '-')):<34} "
+              f"{str(c.get('regressions', '-')):<5} {r.get('seconds', 0) / 60:>5.1f}")
+        if r.get("error"):
+            print(f"        {r['error']}")
+    print(f"\nmatrix: {time.monotonic() - t0:.0f} s; logs in {args.logdir}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
