@@ -208,8 +208,30 @@ def test_classifiers_and_keywords(meta):
     assert "asyncio" in keywords
 
 
+def _ci_minor_versions():
+    """The minor versions CI runs the suite on: tools/matrix.py's legs."""
+    import ast
+    tree = ast.parse((ROOT / "tools" / "matrix.py").read_text())
+    legs = next(ast.literal_eval(node.value) for node in tree.body
+                if isinstance(node, ast.Assign)
+                and any(getattr(t, "id", None) == "LEGS" for t in node.targets))
+    return sorted({tuple(int(x) for x in leg.rstrip("t").split(".")[:2]) for leg in legs})
+
+
+def test_versions_are_the_ones_ci_tests(meta):
+    minors = _ci_minor_versions()
+    listed = sorted(tuple(int(x) for x in c.rsplit(" ", 1)[1].split("."))
+                    for c in meta.get_all("Classifier")
+                    if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c))
+    assert listed == minors
+    from packaging.specifiers import SpecifierSet
+    low, high = minors[0], minors[-1]
+    assert SpecifierSet(meta["Requires-Python"]) == \
+        SpecifierSet(f">=3.{low[1]}, <3.{high[1] + 1}")
+
+
 def test_requires_python(meta):
-    assert meta["Requires-Python"] == ">=3.11"
+    assert ">=3.11" in meta["Requires-Python"].split(",")
     assert meta["Name"] == "tideloop"
     assert meta["Summary"]
 
