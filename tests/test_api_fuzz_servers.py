@@ -1227,9 +1227,10 @@ def _stock_bug(rules):
         # abort() from connection_lost() schedules a second
         # _call_connection_lost().
         return "test_connection_lost_once_after_deferred_close"
-    if STOCK_RUN_FOREVER_RESETS and any(a == "run_forever" for _, a, _ in rules):
-        # 3.13.0: a refused nested run_forever() still runs its clean-up and
-        # unsets the running loop of the run it was called from.
+    if STOCK_RUN_FOREVER_RESETS and any(a.startswith("run_") for _, a, _ in rules):
+        # 3.13.0: a refused nested run_forever() (of this loop or another,
+        # directly or through run_until_complete) still runs its clean-up
+        # and unsets the running loop of the run it was called from.
         return "3.13.0 run_forever() clean-up bug"
     return None
 

@@ -204,6 +204,30 @@ def summarize_conformance(data):
             "modules": len(data.get("modules", {}))}
 
 
+def markdown_report(results):
+    """The README's "Supported versions" table, from a --json file."""
+    lines = ["| leg | interpreter | build, import -W error | behavioural suite "
+             "(passed / failed / skipped / xfailed) | conformance: stock passed | "
+             "tideloop passed | regressions | result |",
+             "|:---|:---|:---|:---|---:|---:|---:|:---|"]
+    for r in results:
+        pc = r.get("pytest", {})
+        c = r.get("conformance") or {}
+        tot = c.get("totals") or {}
+        steps = r.get("steps", {})
+        built = all(steps.get(k, {}).get("rc") == 0
+                    for k in ("venv", "install", "import -W error"))
+        suite = "{} / {} / {} / {}".format(
+            pc.get("passed", 0), pc.get("failed", 0) + pc.get("error", 0) + pc.get("errors", 0),
+            pc.get("skipped", 0), pc.get("xfailed", 0))
+        dev = " (-X dev, debug allocator)" if any("-X dev" in k for k in steps) else ""
+        lines.append("| {} | {} | {} | {}{} | {} | {} | {} | {} |".format(
+            r["leg"], r.get("python", "?"), "ok" if built else "FAILED", suite, dev,
+            tot.get("stock", {}).get("passed", "-"), tot.get("tideloop", {}).get("passed", "-"),
+            c.get("regressions", "-"), "ok" if r.get("ok") else "FAILED"))
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=",".join(LEGS),
@@ -213,7 +237,15 @@ def main(argv=None):
     ap.add_argument("--logdir", default=None)
     ap.add_argument("--dev-mode", default=None, metavar="LEG")
     ap.add_argument("--no-conformance", action="store_true")
+    ap.add_argument("--report", metavar="JSON",
+                    help="print the markdown table of a --json file and exit "
+                         "(status 1 unless every leg passed)")
     args = ap.parse_args(argv)
+    if args.report:
+        with open(args.report) as f:
+            results = json.load(f)
+        print(markdown_report(results))
+        return 0 if results and all(r["ok"] for r in results) else 1
     legs = [x.strip() for x in args.only.split(",") if x.strip()]
     for leg in legs:
         if leg not in LEGS:
