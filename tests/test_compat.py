@@ -64,6 +64,7 @@ def expected_py_branches():
         "stock_default_child_watcher": "threaded" if PY < (3, 12) else "pidfd",
         "threadsafe_handle": "stock" if PY >= (3, 14) else "none",
         "loop_watchers": "stock" if PY >= (3, 14) else "none",
+        "child_exit_published": "at-once" if PY >= (3, 14) else "next-iteration",
         "create_task_factory": ("set_task_name-helper" if PY < (3, 13) else
                                 "set_name" if PY < (3, 14) else "kwargs"),
     }

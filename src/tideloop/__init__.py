@@ -141,6 +141,7 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         # in the instance dict is found first and reused.
         self.call_soon = self.call_soon
         self._child_pidfds = {}        # pidfd -> pid of watched children
+        self._exited_children = set()  # exited, reaped on the next iteration
         if _compat.LOOP_WATCHERS:
             # 3.14: each loop has a child watcher of asyncio's kind (pidfd
             # where pidfds work, else a thread per child).  With the pidfd
@@ -529,21 +530,19 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         return os.waitstatus_to_exitcode(status)
 
     def _child_pidfd_ready(self, pidfd, pid, transp):
-        try:
-            code = self._reap(pid, transp, os.WNOHANG)
-        except BaseException:
-            self._stop_watching_pidfd(pidfd)    # no pidfd leaks on odd errors
-            raise
-        if code is None:
-            return
+        # Readable: the child has exited (a zombie until reaped, so its PID
+        # cannot be reused).  It is reaped and its exit published in one
+        # step (gh-127049: in between, a send_signal() could hit a recycled
+        # PID), when the stock loop of this interpreter publishes it: at once
+        # on 3.14, an iteration later before.
         self._stop_watching_pidfd(pidfd)
-        # Logged as the stock loop's default watcher logs it (3.11's threaded
-        # watcher does, 3.12+'s pidfd watcher does not).
-        if self.get_debug() and not _compat.STOCK_WATCHES_PIDFD:
-            _logger.debug("process %s exited with returncode %s", pid, code)
-        # Reaped and published in one step (gh-127049): between the two, a
-        # send_signal() would signal a PID the kernel may have reused.
-        transp._process_exited(code)
+        # Logged where the stock default watcher logs it (3.11's threaded one).
+        log = not _compat.STOCK_WATCHES_PIDFD
+        if _compat.EXIT_PUBLISHED_AT_ONCE:
+            self._reap_and_publish(pid, transp, log)
+        else:
+            self._exited_children.add(pid)      # reaped on close if still here
+            self.call_soon(self._reap_and_publish, pid, transp, log)
 
     def _stop_watching_pidfd(self, pidfd):
         self._remove_reader(pidfd)
@@ -562,14 +561,15 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         except ChildProcessError:
             pass
         try:
-            self.call_soon_threadsafe(self._reap_and_publish, pid, transp)
+            self.call_soon_threadsafe(self._reap_and_publish, pid, transp, True)
         except RuntimeError:        # the loop closed meanwhile
             _reap_quietly(pid)
             _logger.warning("Loop %r that handles pid %r is closed", self, pid)
 
-    def _reap_and_publish(self, pid, transp):
+    def _reap_and_publish(self, pid, transp, log):
+        self._exited_children.discard(pid)
         code = self._reap(pid, transp, 0)
-        if self.get_debug():
+        if log and self.get_debug():
             _logger.debug("process %s exited with returncode %s", pid, code)
         transp._process_exited(code)
 
@@ -583,6 +583,9 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
             os.close(pidfd)
             threading.Thread(target=_reap_quietly, args=(pid,), daemon=True,
                              name=f"tideloop-waitpid-{pid}").start()
+        exited, self._exited_children = self._exited_children, set()
+        for pid in exited:      # exited, their reaping still queued
+            _reap_quietly(pid)
 
     # -- diagnostics -------------------------------------------------------
 

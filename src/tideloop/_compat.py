@@ -363,6 +363,19 @@ _record("loop_watchers", "3.14+: loop._watcher", "stock" if LOOP_WATCHERS else "
         "asyncio.unix_events._PidfdChildWatcher/_ThreadedChildWatcher")
 
 
+# When the stock loop publishes a child's exit: 3.14's watchers call
+# transp._process_exited() at once; before, _child_watcher_callback defers it
+# with call_soon_threadsafe (3.11: by two iterations).
+_watcher_callback = _lookup("asyncio.unix_events._UnixSelectorEventLoop._child_watcher_callback")
+try:
+    EXIT_PUBLISHED_AT_ONCE = "call_soon" not in inspect.getsource(_watcher_callback)
+except (OSError, TypeError):
+    EXIT_PUBLISHED_AT_ONCE = False
+_record("child_exit_published", "3.11-3.13: next iteration; 3.14: at once",
+        "at-once" if EXIT_PUBLISHED_AT_ONCE else "next-iteration",
+        "_UnixSelectorEventLoop._child_watcher_callback")
+
+
 def current_child_watcher():
     """The watcher an application installed on the policy, if any (3.11-3.13);
     None where child watchers no longer exist."""
