@@ -3,6 +3,7 @@
 #include "internal.h"
 
 #include <structmember.h>
+#include <time.h>
 
 /* Context snapshots.
  *
@@ -801,4 +802,101 @@ PyType_Spec tl_timer_handle_spec = {
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
              Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
     .slots = timer_slots,
+};
+
+/* ---- 3.14's _ThreadSafeHandle: what call_soon_threadsafe() returns ---- */
+
+/* Called from a thread other than the loop's while the handle's callback
+ * runs: wait until it has returned (the loop thread holds the loop's
+ * threadsafe_lock for as long as it runs one).  The loop thread itself
+ * (a callback cancelling its own handle) does not wait. */
+static void
+threadsafe_wait_while_running(HandleObject *h)
+{
+    LoopObject *loop = h->loop;
+    if (loop == NULL || !h->running ||
+        loop->thread_id == PyThread_get_thread_ident())
+        return;
+    Py_INCREF(loop);
+    Py_INCREF(h);
+    while (h->running && loop->threadsafe_lock != NULL) {
+        PyThread_type_lock lock = loop->threadsafe_lock;
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(lock, WAIT_LOCK);
+        PyThread_release_lock(lock);
+        Py_END_ALLOW_THREADS
+        if (h->running && h->loop != NULL &&
+            h->loop->thread_id != 0) {
+            /* Still running once the lock was ours: run by other means
+             * (handle._run()); do not spin. */
+            struct timespec ms = {0, 1000000};
+            Py_BEGIN_ALLOW_THREADS
+            nanosleep(&ms, NULL);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    Py_DECREF(h);
+    Py_DECREF(loop);
+}
+
+static PyObject *
+threadsafe_cancel(HandleObject *h, PyObject *Py_UNUSED(ignored))
+{
+    threadsafe_wait_while_running(h);
+    if (tl_handle_cancel(h) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+threadsafe_cancelled(HandleObject *h, PyObject *Py_UNUSED(ignored))
+{
+    threadsafe_wait_while_running(h);
+    return PyBool_FromLong(h->cancelled);
+}
+
+/* isinstance(handle, asyncio.events._ThreadSafeHandle) holds, as for the
+ * stock loop's handles: this type implements that class's contract (a
+ * cancel() from another thread waits for the running callback) in C, and
+ * declares it through __class__, which isinstance() consults.  type()
+ * still shows this type. */
+static PyObject *
+threadsafe_get_class(HandleObject *h, void *Py_UNUSED(c))
+{
+    tl_state *st = tl_get_state_from_type(Py_TYPE(h));
+    if (st == NULL || st->ThreadSafeHandle == NULL || st->ThreadSafeHandle == Py_None)
+        return Py_NewRef((PyObject *)Py_TYPE(h));
+    return Py_NewRef(st->ThreadSafeHandle);
+}
+
+static PyMethodDef threadsafe_methods[] = {
+    {"cancel", (PyCFunction)threadsafe_cancel, METH_NOARGS,
+     "Cancel the call; from another thread, wait for a running callback first."},
+    {"cancelled", (PyCFunction)threadsafe_cancelled, METH_NOARGS,
+     "Return True if the call was cancelled (waits as cancel() does)."},
+    {NULL}
+};
+
+static PyGetSetDef threadsafe_getset[] = {
+    {"__class__", (getter)threadsafe_get_class, NULL, NULL, NULL},
+    {NULL}
+};
+
+static PyType_Slot threadsafe_slots[] = {
+    {Py_tp_dealloc, handle_dealloc},
+    {Py_tp_traverse, handle_traverse},
+    {Py_tp_clear, handle_clear},
+    {Py_tp_repr, handle_repr},
+    {Py_tp_methods, threadsafe_methods},
+    {Py_tp_getset, threadsafe_getset},
+    {Py_tp_doc, "Object returned by call_soon_threadsafe() (Python 3.14+)."},
+    {0, NULL}
+};
+
+PyType_Spec tl_threadsafe_handle_spec = {
+    .name = "tideloop._ThreadSafeHandle",
+    .basicsize = sizeof(HandleObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
+             Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = threadsafe_slots,
 };

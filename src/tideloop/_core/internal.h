@@ -96,8 +96,8 @@ typedef struct {
     PyObject *set_task_name;     /* 3.11-3.12: asyncio.tasks._set_task_name */
     PyObject *str_set_name;
     PyObject *str_Task;
-    PyObject *str__run;
     PyObject *ThreadSafeHandle;  /* 3.14: asyncio.events._ThreadSafeHandle, else None */
+    PyTypeObject *ThreadSafeHandleType;  /* ours, where that class exists, else NULL */
     PyObject *str_Future;
     PyObject *tasks_dict;        /* asyncio.tasks.__dict__ (Task at call time) */
     PyObject *futures_dict;      /* asyncio.futures.__dict__ */
@@ -189,6 +189,10 @@ struct LoopObject {
     int stopping;
     int debug;
     unsigned long thread_id;     /* 0: not running */
+    /* 3.14: held by the loop thread while a _ThreadSafeHandle's callback
+     * runs, so that its cancel()/cancelled() from another thread wait for
+     * the callback to end (allocated on first use). */
+    PyThread_type_lock threadsafe_lock;
     uint64_t fork_generation;
 
     /* Ready queue: a ring of strong references. */
@@ -236,6 +240,8 @@ struct LoopObject {
 /* handle.c */
 extern PyType_Spec tl_handle_spec;
 extern PyType_Spec tl_timer_handle_spec;
+extern PyType_Spec tl_threadsafe_handle_spec;
+int tl_loop_lock_threadsafe(LoopObject *loop);
 /* reusable: the handle may run more than once (readers, writers, signals),
  * so it gets a real Context copy whose changes persist between runs. */
 HandleObject *tl_handle_new(tl_state *st, PyTypeObject *type, LoopObject *loop,

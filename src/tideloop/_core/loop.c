@@ -575,6 +575,27 @@ run_ready_debug(LoopObject *self, HandleObject *h)
     return 0;
 }
 
+/* Take the loop's threadsafe_lock for a _ThreadSafeHandle's run (see
+ * handle.c); only the loop thread holds it for long, other threads just pass
+ * through it, so the first try nearly always succeeds. */
+int
+tl_loop_lock_threadsafe(LoopObject *loop)
+{
+    if (loop->threadsafe_lock == NULL) {
+        loop->threadsafe_lock = PyThread_allocate_lock();
+        if (loop->threadsafe_lock == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    if (!PyThread_acquire_lock(loop->threadsafe_lock, NOWAIT_LOCK)) {
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(loop->threadsafe_lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+    return 0;
+}
+
 static int
 run_once(LoopObject *self)
 {
@@ -663,6 +684,12 @@ run_once(LoopObject *self)
         }
         self->n_callbacks++;
         int rc;
+        int locked = Py_IS_TYPE(h, self->state->ThreadSafeHandleType);
+        if (locked && tl_loop_lock_threadsafe(self) < 0) {
+            Py_DECREF(h);
+            tl_batch_exit(self, &entered);
+            return -1;
+        }
         if (self->debug) {
             tl_batch_exit(self, &entered);
             rc = run_ready_debug(self, h);
@@ -670,6 +697,8 @@ run_once(LoopObject *self)
         else {
             rc = tl_handle_run_batched(h, &entered);
         }
+        if (locked)
+            PyThread_release_lock(self->threadsafe_lock);
         Py_DECREF(h);
         if (rc < 0) {
             tl_batch_exit(self, &entered);
@@ -686,54 +715,6 @@ static PyObject *
 loop_time(LoopObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored))
 {
     return PyFloat_FromDouble(tl_monotonic());
-}
-
-/* 3.14: call_soon_threadsafe() returns an asyncio.events._ThreadSafeHandle,
- * whose cancel() from another thread waits until a running callback ends;
- * the loop queues that handle's _run(), which checks for cancellation under
- * the handle's lock and runs the callback in the handle's context. */
-static PyObject *
-schedule_threadsafe_handle(LoopObject *self, PyObject *const *args,
-                           Py_ssize_t nargs, PyObject *context)
-{
-    tl_state *st = self->state;
-    PyObject *cbargs = PyTuple_New(nargs - 1);
-    if (cbargs == NULL)
-        return NULL;
-    for (Py_ssize_t i = 1; i < nargs; i++)
-        PyTuple_SET_ITEM(cbargs, i - 1, Py_NewRef(args[i]));
-    PyObject *hargs[4] = {args[0], cbargs, (PyObject *)self,
-                          context != NULL ? context : Py_None};
-    PyObject *th = PyObject_Vectorcall(st->ThreadSafeHandle, hargs, 4, NULL);
-    Py_DECREF(cbargs);
-    if (th == NULL)
-        return NULL;
-    if (self->debug) {
-        /* Its traceback starts in _ThreadSafeHandle.__init__ (this C call
-         * has no frame): drop that entry, as the stock loop drops its own. */
-        PyObject *tb = PyObject_GetAttrString(th, "_source_traceback");
-        int rc = tb == NULL ? -1 : 0;
-        if (rc == 0 && PyList_Check(tb) && PyList_GET_SIZE(tb) > 0)
-            rc = PyList_SetSlice(tb, PyList_GET_SIZE(tb) - 1, PyList_GET_SIZE(tb), NULL);
-        Py_XDECREF(tb);
-        if (rc < 0) {
-            Py_DECREF(th);
-            return NULL;
-        }
-    }
-    PyObject *run = PyObject_GetAttr(th, st->str__run);
-    HandleObject *h = NULL;
-    if (run != NULL)
-        h = tl_handle_new(st, st->HandleType, self, run, NULL, 0, NULL, 0);
-    Py_XDECREF(run);
-    if (h == NULL || ready_push(self, h) < 0) {
-        Py_XDECREF(h);
-        Py_DECREF(th);
-        return NULL;
-    }
-    if (self->sleeping)
-        write_wakeup(self);
-    return th;
 }
 
 static PyObject *
@@ -756,9 +737,10 @@ schedule_soon(LoopObject *self, const char *method, PyObject *const *args,
             return NULL;
     }
     tl_state *st = self->state;
-    if (threadsafe && st->ThreadSafeHandle != Py_None)
-        return schedule_threadsafe_handle(self, args, nargs, context);
-    HandleObject *h = tl_handle_new(st, st->HandleType, self, args[0],
+    /* 3.14: call_soon_threadsafe() gives a _ThreadSafeHandle (handle.c). */
+    PyTypeObject *type = threadsafe && st->ThreadSafeHandleType != NULL
+                         ? st->ThreadSafeHandleType : st->HandleType;
+    HandleObject *h = tl_handle_new(st, type, self, args[0],
                                     args + 1, nargs - 1, context, 0);
     if (h == NULL)
         return NULL;
@@ -1942,6 +1924,8 @@ loop_dealloc(LoopObject *self)
         close(self->signal_rfd);
         close(self->signal_wfd);
     }
+    if (self->threadsafe_lock != NULL)
+        PyThread_free_lock(self->threadsafe_lock);
     PyMem_Free(self->ready);
     PyMem_Free(self->fds);
     PyMem_Free(self->events);

@@ -233,6 +233,9 @@ core_exec(PyObject *m)
     if ((st->HandleType = add_type(m, &tl_handle_spec, NULL)) == NULL ||
         (st->TimerHandleType = add_type(m, &tl_timer_handle_spec,
                                         (PyObject *)st->HandleType)) == NULL ||
+        (st->ThreadSafeHandle != Py_None &&
+         (st->ThreadSafeHandleType = add_type(m, &tl_threadsafe_handle_spec,
+                                              (PyObject *)st->HandleType)) == NULL) ||
         (st->LoopType = add_type(m, &tl_loop_spec, NULL)) == NULL ||
         add_transport_types(m, st, flow) < 0 ||
         (st->ListenerType = add_type(m, &tl_listener_spec, NULL)) == NULL)
@@ -280,7 +283,6 @@ core_exec(PyObject *m)
         intern(&st->str_buffer_updated, "buffer_updated") < 0 ||
         intern(&st->str_get_running_loop, "_get_running_loop") < 0 ||
         intern(&st->str_Task, "Task") < 0 ||
-        intern(&st->str__run, "_run") < 0 ||
         intern(&st->str_set_name, "set_name") < 0 ||
         intern(&st->str_Future, "Future") < 0 ||
         module_dict(&st->tasks_dict, "asyncio.tasks") < 0 ||
@@ -327,8 +329,8 @@ core_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->sendfile_try_native);
     Py_VISIT(st->Future);
     Py_VISIT(st->Task);
-    Py_VISIT(st->str__run);
     Py_VISIT(st->ThreadSafeHandle);
+    Py_VISIT(st->ThreadSafeHandleType);
     Py_VISIT(st->create_task_stock);
     Py_VISIT(st->set_task_name);
     Py_VISIT(st->str_Task);
@@ -376,8 +378,8 @@ core_clear(PyObject *m)
     Py_CLEAR(st->sendfile_try_native);
     Py_CLEAR(st->Future);
     Py_CLEAR(st->Task);
-    Py_CLEAR(st->str__run);
     Py_CLEAR(st->ThreadSafeHandle);
+    Py_CLEAR(st->ThreadSafeHandleType);
     Py_CLEAR(st->str_Task);
     Py_CLEAR(st->str_Future);
     Py_CLEAR(st->tasks_dict);
