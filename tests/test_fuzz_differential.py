@@ -329,7 +329,9 @@ def run_tasks(loop, program):
 
         done, pending = await asyncio.wait(tasks, timeout=(max(GATE_SLOTS) + 4) * STEP)
         trace.append(("pending", sorted(tasks.index(t) for t in pending)))
-        for t in pending:
+        # In task order: a set's order follows object addresses, which
+        # differ between runs (and would reorder the cancellation callbacks).
+        for t in sorted(pending, key=tasks.index):
             t.cancel()
         if pending:
             await asyncio.wait(pending)
