@@ -15,8 +15,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY="${PYTHON:-python3}"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-cp -r "$ROOT/src" "$ROOT/tests" "$ROOT/stress" "$ROOT/setup.py" "$ROOT/pyproject.toml" \
-      "$ROOT/README.md" "$WORK/"
+cp -r "$ROOT/src" "$ROOT/tests" "$ROOT/stress" "$ROOT/tools" "$ROOT/setup.py" "$ROOT/pyproject.toml" \
+      "$ROOT/README.md" "$ROOT/LICENSE" "$WORK/"
 cd "$WORK"
 find src -name '*.so' -delete
 TIDELOOP_SANITIZE=1 TIDELOOP_DEV=1 "$PY" setup.py -q build_ext --inplace
