@@ -325,19 +325,6 @@ done:
     Py_RETURN_NONE;
 }
 
-/* Drop the datagram at the head of the queue (it may be empty: 3.13+). */
-static void
-dg_pop(SocketTransportObject *self)
-{
-    wchunk *c = &self->wq[self->wq_head];
-    self->buffer_size -= c->len;
-    Py_CLEAR(c->obj);
-    Py_CLEAR(c->addr);
-    self->wq_head = (self->wq_head + 1) % self->wq_cap;
-    self->wq_len--;
-    self->wq_off = 0;
-}
-
 static PyObject *
 dg_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 {
@@ -347,7 +334,9 @@ dg_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
         if (s == WOULD_BLOCK)
             break;
         /* Sent or failed: either way this datagram leaves the queue. */
-        dg_pop(self);
+        /* One datagram, possibly empty (3.13+ sends those). */
+        self->buffer_size -= c->len;
+        tl_wq_pop(self);
         if (s != SENT) {
             if (send_failed(self, s, "Fatal write error on datagram transport") < 0)
                 return NULL;

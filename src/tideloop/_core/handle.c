@@ -825,8 +825,7 @@ threadsafe_wait_while_running(HandleObject *h)
         PyThread_acquire_lock(lock, WAIT_LOCK);
         PyThread_release_lock(lock);
         Py_END_ALLOW_THREADS
-        if (h->running && h->loop != NULL &&
-            h->loop->thread_id != 0) {
+        if (h->running) {
             /* Still running once the lock was ours: run by other means
              * (handle._run()); do not spin. */
             struct timespec ms = {0, 1000000};

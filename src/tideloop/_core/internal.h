@@ -23,6 +23,8 @@
 
 typedef struct LoopObject LoopObject;
 
+enum { TL_KW_LOOP = 1, TL_KW_NAME = 2, TL_KW_CONTEXT = 4 };
+
 /* What BaseEventLoop.create_task does with a task factory (tideloop._compat). */
 enum {
     TL_CREATE_TASK_STOCK = 0,    /* unknown: always call the stock method */
@@ -65,7 +67,9 @@ typedef struct {
     PyObject *sendfile_try_native;    /* constants._SendfileMode.TRY_NATIVE */
     PyObject *set_asyncgen_hooks;     /* sys.set_asyncgen_hooks */
 
-    PyObject *kw_loop;                /* ("loop",) */
+    /* Keyword-name tuples for vectorcalls, by which of loop=, name=,
+     * context= are passed (TL_KW_* bits, in that order). */
+    PyObject *kwnames[8];
     PyObject *str_context;
     PyObject *str_name;
     PyObject *str_call_exception_handler;
@@ -313,9 +317,9 @@ tl_get_state_from_type(PyTypeObject *tp)
 
 /* *fd = obj.fileno(); -1 with the error set. */
 static inline int
-tl_call_fileno(PyObject *obj, long *fd)
+tl_call_fileno(tl_state *st, PyObject *obj, long *fd)
 {
-    PyObject *fdo = PyObject_CallMethod(obj, "fileno", NULL);
+    PyObject *fdo = PyObject_CallMethodNoArgs(obj, st->str_fileno);
     if (fdo == NULL)
         return -1;
     *fd = PyLong_AsLong(fdo);

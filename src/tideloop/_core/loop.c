@@ -1413,6 +1413,33 @@ tl_loop_check_fd_transport(LoopObject *self, int fd)
     return rc;
 }
 
+/* callable(*pos, loop=loop, name=name, context=context), each keyword left
+ * out when NULL (npos <= 2); the keyword-name tuples are made at import. */
+static PyObject *
+call_with_keywords(tl_state *st, PyObject *callable, PyObject *const *pos,
+                   Py_ssize_t npos, PyObject *loop, PyObject *name,
+                   PyObject *context)
+{
+    PyObject *argv[5];
+    Py_ssize_t n = 0;
+    int mask = 0;
+    for (Py_ssize_t i = 0; i < npos; i++)
+        argv[n++] = pos[i];
+    if (loop != NULL) {
+        argv[n++] = loop;
+        mask |= TL_KW_LOOP;
+    }
+    if (name != NULL) {
+        argv[n++] = name;
+        mask |= TL_KW_NAME;
+    }
+    if (context != NULL) {
+        argv[n++] = context;
+        mask |= TL_KW_CONTEXT;
+    }
+    return PyObject_Vectorcall(callable, argv, npos, st->kwnames[mask]);
+}
+
 /* A new reference to module_dict[name]: the class the stock loop would call
  * (it reads asyncio.futures.Future / asyncio.tasks.Task at call time, and
  * tests and applications replace them), else the one seen at import. */
@@ -1432,8 +1459,8 @@ tl_loop_create_future(LoopObject *self)
     PyObject *cls = current_class(st->futures_dict, st->str_Future, st->Future);
     if (cls == NULL)
         return NULL;
-    PyObject *args[1] = {(PyObject *)self};
-    PyObject *fut = PyObject_Vectorcall(cls, args, 0, st->kw_loop);
+    PyObject *fut = call_with_keywords(st, cls, NULL, 0, (PyObject *)self,
+                                       NULL, NULL);
     Py_DECREF(cls);
     return fut;
 }
@@ -1530,27 +1557,14 @@ create_task_with_factory(LoopObject *self, PyObject *coro, PyObject *name,
                          PyObject *context)
 {
     tl_state *st = self->state;
-    PyObject *fargs[4] = {(PyObject *)self, coro, NULL, NULL};
-    PyObject *kw = NULL;
-    Py_ssize_t nkw = 0;
     int kwargs_style = st->create_task_style == TL_CREATE_TASK_KWARGS;
-    if ((kwargs_style && name != Py_None) || context != Py_None) {
-        kw = PyTuple_New((kwargs_style && name != Py_None) + (context != Py_None));
-        if (kw == NULL)
-            return NULL;
-        if (kwargs_style && name != Py_None) {
-            fargs[2 + nkw] = name;
-            PyTuple_SET_ITEM(kw, nkw++, Py_NewRef(st->str_name));
-        }
-        if (context != Py_None) {
-            fargs[2 + nkw] = context;
-            PyTuple_SET_ITEM(kw, nkw++, Py_NewRef(st->str_context));
-        }
-    }
+    PyObject *fargs[2] = {(PyObject *)self, coro};
     PyObject *factory = Py_NewRef(self->task_factory);
-    PyObject *task = PyObject_Vectorcall(factory, fargs, 2, kw);
+    PyObject *task = call_with_keywords(
+        st, factory, fargs, 2, NULL,
+        kwargs_style && name != Py_None ? name : NULL,
+        context != Py_None ? context : NULL);
     Py_DECREF(factory);
-    Py_XDECREF(kw);
     if (task == NULL || kwargs_style)
         return task;
     PyObject *r;
@@ -1630,32 +1644,13 @@ loop_create_task(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
         return NULL;
     if (self->task_factory != NULL)
         return create_task_with_factory(self, args[0], name, context);
-    PyObject *coro = args[0];
-    PyObject *cargs[4] = {coro, (PyObject *)self, NULL, NULL};
-    PyObject *kw = PyTuple_New(1 + (name != Py_None) + (context != Py_None));
-    if (kw == NULL)
-        return NULL;
-    Py_ssize_t k = 0;
-    PyTuple_SET_ITEM(kw, k, Py_NewRef(PyTuple_GET_ITEM(st->kw_loop, 0)));
-    k++;
-    if (name != Py_None) {
-        cargs[1 + k] = name;
-        PyTuple_SET_ITEM(kw, k, Py_NewRef(st->str_name));
-        k++;
-    }
-    if (context != Py_None) {
-        cargs[1 + k] = context;
-        PyTuple_SET_ITEM(kw, k, Py_NewRef(st->str_context));
-        k++;
-    }
     PyObject *cls = current_class(st->tasks_dict, st->str_Task, st->Task);
-    if (cls == NULL) {
-        Py_DECREF(kw);
+    if (cls == NULL)
         return NULL;
-    }
-    PyObject *task = PyObject_Vectorcall(cls, cargs, 1, kw);
+    PyObject *task = call_with_keywords(st, cls, args, 1, (PyObject *)self,
+                                        name != Py_None ? name : NULL,
+                                        context != Py_None ? context : NULL);
     Py_DECREF(cls);
-    Py_DECREF(kw);
     return task;
 }
 

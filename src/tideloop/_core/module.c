@@ -150,6 +150,31 @@ add_compat_table(PyObject *m)
     return rc;
 }
 
+/* st->kwnames[mask]: the tuple of "loop", "name", "context" chosen by the
+ * TL_KW_* bits of mask, in that order (mask 0: NULL, no keywords). */
+static int
+make_kwnames(tl_state *st)
+{
+    PyObject *loop_str = PyUnicode_InternFromString("loop");
+    if (loop_str == NULL)
+        return -1;
+    PyObject *names[3] = {loop_str, st->str_name, st->str_context};
+    int rc = 0;
+    for (int mask = 1; mask < 8 && rc == 0; mask++) {
+        PyObject *t = PyTuple_New(((mask & 1) != 0) + ((mask & 2) != 0) + ((mask & 4) != 0));
+        if (t == NULL) {
+            rc = -1;
+            break;
+        }
+        for (int b = 0, k = 0; b < 3; b++)
+            if (mask & (1 << b))
+                PyTuple_SET_ITEM(t, k++, Py_NewRef(names[b]));
+        st->kwnames[mask] = t;
+    }
+    Py_DECREF(loop_str);
+    return rc;
+}
+
 /* *out = a new reference to the __dict__ of module name. */
 static int
 module_dict(PyObject **out, const char *name)
@@ -288,12 +313,7 @@ core_exec(PyObject *m)
         module_dict(&st->tasks_dict, "asyncio.tasks") < 0 ||
         module_dict(&st->futures_dict, "asyncio.futures") < 0)
         goto done;
-    PyObject *loop_str = PyUnicode_InternFromString("loop");
-    if (loop_str == NULL)
-        goto done;
-    st->kw_loop = PyTuple_Pack(1, loop_str);
-    Py_DECREF(loop_str);
-    if (st->kw_loop == NULL ||
+    if (make_kwnames(st) < 0 ||
         PyModule_AddStringConstant(m, "poller_backend", tl_poller_name()) < 0 ||
         tl_context_init(st) < 0 ||
         PyModule_AddIntConstant(m, "context_snapshots", st->fast_context) < 0 ||
@@ -395,7 +415,8 @@ core_clear(PyObject *m)
     Py_CLEAR(st->sendto_type_error_prefix);
     Py_CLEAR(st->get_asyncgen_hooks);
     Py_CLEAR(st->set_asyncgen_hooks);
-    Py_CLEAR(st->kw_loop);
+    for (int i = 0; i < 8; i++)
+        Py_CLEAR(st->kwnames[i]);
     Py_CLEAR(st->empty_vars);
     Py_CLEAR(st->str_context);
     Py_CLEAR(st->str_name);

@@ -272,7 +272,7 @@ check_socket(SockOpObject *self)
         }
     }
     long fd;
-    if (tl_call_fileno(self->sock, &fd) < 0)
+    if (tl_call_fileno(st, self->sock, &fd) < 0)
         return -1;
     self->fd = (int)fd;
     return 0;

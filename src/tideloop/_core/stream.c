@@ -156,24 +156,31 @@ tl_wq_iov(SocketTransportObject *self, struct iovec *iov)
     return cnt;
 }
 
+/* Drop the chunk at the front of the queue (its bytes are not counted). */
+void
+tl_wq_pop(SocketTransportObject *self)
+{
+    wchunk *c = &self->wq[self->wq_head];
+    Py_CLEAR(c->obj);
+    Py_CLEAR(c->addr);
+    self->wq_head = (self->wq_head + 1) % self->wq_cap;
+    self->wq_len--;
+    self->wq_off = 0;
+}
+
 /* Drop n sent bytes from the front of the queue. */
 void
 tl_wq_consume(SocketTransportObject *self, Py_ssize_t n)
 {
     self->buffer_size -= n;
     while (n > 0 && self->wq_len) {
-        wchunk *c = &self->wq[self->wq_head];
-        Py_ssize_t left = c->len - self->wq_off;
+        Py_ssize_t left = self->wq[self->wq_head].len - self->wq_off;
         if (n < left) {
             self->wq_off += n;
             return;
         }
         n -= left;
-        Py_CLEAR(c->obj);
-        Py_CLEAR(c->addr);
-        self->wq_head = (self->wq_head + 1) % self->wq_cap;
-        self->wq_len--;
-        self->wq_off = 0;
+        tl_wq_pop(self);
     }
 }
 
@@ -1222,7 +1229,7 @@ tl_tr_set_sock_attr(SocketTransportObject *self, PyObject *value,
         return -1;
     }
     long fd;
-    if (tl_call_fileno(value, &fd) < 0)
+    if (tl_call_fileno(self->loop->state, value, &fd) < 0)
         return -1;
     if (fd != self->fd) {
         PyErr_Format(PyExc_ValueError,
@@ -1453,7 +1460,7 @@ tl_loop_make_socket_transport(PyObject *loop, PyObject *args, PyObject *kwds)
         py_int_attr(sock, "proto", &proto) == NULL)
         return NULL;
     long fd;
-    if (tl_call_fileno(sock, &fd) < 0)
+    if (tl_call_fileno(((LoopObject *)loop)->state, sock, &fd) < 0)
         return NULL;
     return (PyObject *)tl_tr_create((LoopObject *)loop,
                                     ((LoopObject *)loop)->state->SocketTransportType,

@@ -118,6 +118,7 @@ int tl_tr_watch(SocketTransportObject *self, int which, int on);
 void tl_wq_clear(SocketTransportObject *self);
 int tl_wq_push(SocketTransportObject *self, PyObject *obj, const char *data, Py_ssize_t len);
 void tl_wq_consume(SocketTransportObject *self, Py_ssize_t n);
+void tl_wq_pop(SocketTransportObject *self);
 int tl_wq_iov(SocketTransportObject *self, struct iovec *iov);
 int tl_tr_is_fatal_base_exception(void);
 PyObject *tl_tr_fetch_exception(void);
