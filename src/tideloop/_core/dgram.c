@@ -6,11 +6,13 @@
  * queued as (bytes, address) and sent when the socket is writable, with
  * pause_writing()/resume_writing() at the watermarks.
  *
- * What differs is how: up to DGRAM_BATCH datagrams are received per
+ * What differs is how: up to TL_DGRAM_BATCH datagrams are received per
  * readiness event with one recvmmsg(), the source address object is reused
  * while the source stays the same, and numeric IPv4/IPv6 and Unix
  * destinations are converted in C (anything else goes through
- * socket.sendto(), so its errors are the socket module's). */
+ * socket.sendto(), so its errors are the socket module's).
+ *
+ * May call: transport.c, loop.c, recvbuf.c, sockaddr.c. */
 #define _GNU_SOURCE
 #include "transport.h"
 
@@ -22,39 +24,53 @@
 #include <unistd.h>
 
 #define DGRAM_MAX_SIZE (256 * 1024)   /* asyncio's max_size for recvfrom() */
-#define DGRAM_BATCH 8
-#define DGRAM_SLOT_SIZE (64 * 1024)   /* any UDP datagram fits */
-#define DGRAM_BUF_SIZE (DGRAM_BATCH * DGRAM_SLOT_SIZE)   /* >= DGRAM_MAX_SIZE */
+#if TL_DGRAM_AREA_SIZE < DGRAM_MAX_SIZE
+#  error "the receive area must hold the largest Unix datagram asyncio reads"
+#endif
+
+typedef struct {
+    TransportObject base;
+    PyObject *address;          /* remote_addr given at creation, or NULL */
+    PyObject *pending;          /* datagrams received in a batch but not
+                                   delivered (reading paused meanwhile):
+                                   a list of (data, addr) */
+    PyObject *last_from;        /* the last source address handed out ... */
+    struct sockaddr_storage last_from_sa;   /* ... and its raw form */
+    socklen_t last_from_len;
+} DatagramTransportObject;
+
+#define DG(o) ((DatagramTransportObject *)(o))
 
 /* ---- addresses ---- */
 
 /* The source address as a Python object, reusing the last one when the
  * source is the same (an echo server sees the same few peers). */
 static PyObject *
-source_address(SocketTransportObject *self, struct sockaddr_storage *sa,
+source_address(TransportObject *self, struct sockaddr_storage *sa,
                socklen_t len)
 {
-    if (self->last_from != NULL && len == self->last_from_len &&
-        memcmp(sa, &self->last_from_sa, len) == 0)
-        return Py_NewRef(self->last_from);
+    if (DG(self)->last_from != NULL && len == DG(self)->last_from_len &&
+        memcmp(sa, &DG(self)->last_from_sa, len) == 0)
+        return Py_NewRef(DG(self)->last_from);
     PyObject *addr = tl_sockaddr_to_py((struct sockaddr *)sa, len);
     if (addr == NULL)
         return NULL;
-    Py_XSETREF(self->last_from, Py_NewRef(addr));
-    memcpy(&self->last_from_sa, sa, len);
-    self->last_from_len = len;
+    Py_XSETREF(DG(self)->last_from, Py_NewRef(addr));
+    memcpy(&DG(self)->last_from_sa, sa, len);
+    DG(self)->last_from_len = len;
     return addr;
 }
 
 /* Convert a destination in C when it is one of the common, unambiguous
- * forms.  1: converted; 0: leave it to socket.sendto(); -1: error. */
+ * forms: 1 when converted, 0 when it is left to socket.sendto() (never
+ * fails). */
 static int
-dest_address(SocketTransportObject *self, PyObject *addr,
+dest_address(TransportObject *self, PyObject *addr,
              struct sockaddr_storage *sa, socklen_t *len)
 {
-    if (addr == self->last_from && self->last_from != NULL) {
-        memcpy(sa, &self->last_from_sa, self->last_from_len);
-        *len = self->last_from_len;
+    if (addr == DG(self)->last_from && DG(self)->last_from != NULL) {
+        memcpy(sa, &DG(self)->last_from_sa, DG(self)->last_from_len);
+        *len = DG(self)->last_from_len;
         return 1;
     }
     memset(sa, 0, sizeof(*sa));
@@ -113,13 +129,14 @@ dest_address(SocketTransportObject *self, PyObject *addr,
 
 /* ---- sending ---- */
 
-enum { SENT = 0, WOULD_BLOCK = 1, SEND_OSERROR = -2, SEND_ERROR = -1 };
-
-/* Send one datagram.  SEND_OSERROR and SEND_ERROR leave an exception set. */
+/* Send one datagram; *sent is 0 when the socket would block.  An OSError
+ * goes to the protocol's error_received (send_failed), anything else is
+ * fatal. */
 static int
-send_one(SocketTransportObject *self, PyObject *obj, const char *data,
-         Py_ssize_t len, PyObject *addr)
+send_one(TransportObject *self, PyObject *obj, const char *data,
+         Py_ssize_t len, PyObject *addr, int *sent)
 {
+    *sent = 1;
     ssize_t n;
     /* asyncio sends without an address when extra['peername'] is true:
      * an unnamed Unix peer ('') does not count. */
@@ -139,10 +156,7 @@ send_one(SocketTransportObject *self, PyObject *obj, const char *data,
     else {
         struct sockaddr_storage sa;
         socklen_t salen;
-        int rc = dest_address(self, addr, &sa, &salen);
-        if (rc < 0)
-            return SEND_ERROR;
-        if (rc == 0)
+        if (!dest_address(self, addr, &sa, &salen))
             goto via_socket;
         do {
             n = sendto(self->fd, data, (size_t)len, MSG_NOSIGNAL,
@@ -150,16 +164,18 @@ send_one(SocketTransportObject *self, PyObject *obj, const char *data,
         } while (n < 0 && errno == EINTR);
     }
     if (n >= 0)
-        return SENT;
-    if (errno == EAGAIN || errno == EWOULDBLOCK)
-        return WOULD_BLOCK;
+        return 0;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        *sent = 0;
+        return 0;
+    }
     PyErr_SetFromErrno(PyExc_OSError);
-    return SEND_OSERROR;
+    return -1;
 
 via_socket:;
     PyObject *sock = PyObject_GetAttrString((PyObject *)self, "_sock");
     if (sock == NULL)
-        return SEND_ERROR;
+        return -1;
     PyObject *bytes = obj != NULL && PyBytes_CheckExact(obj)
                           ? Py_NewRef(obj)
                           : PyBytes_FromStringAndSize(data, len);
@@ -170,22 +186,23 @@ via_socket:;
     Py_DECREF(sock);
     if (r != NULL) {
         Py_DECREF(r);
-        return SENT;
+        return 0;
     }
     if (PyErr_ExceptionMatches(PyExc_BlockingIOError) ||
         PyErr_ExceptionMatches(PyExc_InterruptedError)) {
         PyErr_Clear();
-        return WOULD_BLOCK;
+        *sent = 0;
+        return 0;
     }
-    return PyErr_ExceptionMatches(PyExc_OSError) ? SEND_OSERROR : SEND_ERROR;
+    return -1;
 }
 
 /* protocol.error_received(exc) for the pending OSError.  An exception it
  * raises is the caller's, as in asyncio. */
 static int
-error_received(SocketTransportObject *self)
+error_received(TransportObject *self)
 {
-    PyObject *exc = tl_tr_fetch_exception();
+    PyObject *exc = tl_err_get_raised();
     PyObject *r = PyObject_CallMethod(self->protocol, "error_received", "O", exc);
     Py_XDECREF(exc);
     if (r == NULL)
@@ -194,17 +211,19 @@ error_received(SocketTransportObject *self)
     return 0;
 }
 
+/* After send_one failed: an OSError to error_received, anything else
+ * fatal. */
 static int
-send_failed(SocketTransportObject *self, int rc, const char *message)
+send_failed(TransportObject *self, const char *message)
 {
-    if (rc == SEND_OSERROR)
+    if (PyErr_ExceptionMatches(PyExc_OSError))
         return error_received(self);
     return tl_tr_fail(self, message);
 }
 
 /* sendto(data, addr=None), parsed by hand: it runs once per datagram. */
 static PyObject *
-dg_sendto(SocketTransportObject *self, PyObject *const *args, Py_ssize_t nargs,
+dg_sendto(TransportObject *self, PyObject *const *args, Py_ssize_t nargs,
           PyObject *kwnames)
 {
     PyObject *data = nargs > 0 ? args[0] : NULL;
@@ -251,7 +270,7 @@ dg_sendto(SocketTransportObject *self, PyObject *const *args, Py_ssize_t nargs,
          * asyncio); a queued datagram is bytes(data). */
         if (!PyErr_ExceptionMatches(PyExc_BufferError))
             return NULL;
-        if (self->wq_len == 0 && !(self->address && self->conn_lost)) {
+        if (self->wq_len == 0 && !(DG(self)->address && self->conn_lost)) {
             if (tl_tr_fail(self, "Fatal write error on datagram transport") < 0)
                 return NULL;
             Py_RETURN_NONE;
@@ -267,44 +286,34 @@ dg_sendto(SocketTransportObject *self, PyObject *const *args, Py_ssize_t nargs,
     int rc = 0;
     if (view.len == 0 && !self->loop->state->dgram_sends_empty)
         goto done;          /* 3.11-3.12 drop empty datagrams */
-    if (self->address != NULL) {
-        if (addr != Py_None && addr != self->address) {
-            int eq = PyObject_RichCompareBool(addr, self->address, Py_EQ);
+    if (DG(self)->address != NULL) {
+        if (addr != Py_None && addr != DG(self)->address) {
+            int eq = PyObject_RichCompareBool(addr, DG(self)->address, Py_EQ);
             if (eq < 0) {
                 rc = -1;
                 goto done;
             }
             if (!eq) {
                 PyErr_Format(PyExc_ValueError,
-                             "Invalid address: must be None or %S", self->address);
+                             "Invalid address: must be None or %S", DG(self)->address);
                 rc = -1;
                 goto done;
             }
         }
-        addr = self->address;
+        addr = DG(self)->address;
         if (self->conn_lost) {
-            if (self->conn_lost >= LOG_THRESHOLD_FOR_CONNLOST_WRITES) {
-                PyObject *r = PyObject_CallMethod(self->loop->state->logger,
-                                                  "warning", "s",
-                                                  "socket.send() raised exception.");
-                if (r == NULL) {
-                    rc = -1;
-                    goto done;
-                }
-                Py_DECREF(r);
-            }
-            self->conn_lost++;
+            rc = tl_tr_count_lost_write(self, "socket.send() raised exception.");
             goto done;
         }
     }
     if (self->wq_len == 0) {
-        int s = send_one(self, data, view.buf, view.len, addr);
-        if (s == SENT)
-            goto done;
-        if (s != WOULD_BLOCK) {
-            rc = send_failed(self, s, "Fatal write error on datagram transport");
+        int sent;
+        if (send_one(self, data, view.buf, view.len, addr, &sent) < 0) {
+            rc = send_failed(self, "Fatal write error on datagram transport");
             goto done;
         }
+        if (sent)
+            goto done;
         if (tl_tr_add_writer(self) < 0) {
             rc = -1;
             goto done;
@@ -325,33 +334,32 @@ done:
     Py_RETURN_NONE;
 }
 
-static PyObject *
-dg_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+static int
+dg_write_ready(PyObject *obj)
 {
+    TransportObject *self = (TransportObject *)obj;
     while (self->wq_len && self->fd >= 0) {
         wchunk *c = &self->wq[self->wq_head];
-        int s = send_one(self, c->obj, c->data, c->len, c->addr);
-        if (s == WOULD_BLOCK)
+        int sent;
+        int rc = send_one(self, c->obj, c->data, c->len, c->addr, &sent);
+        if (rc == 0 && !sent)
             break;
-        /* Sent or failed: either way this datagram leaves the queue. */
-        /* One datagram, possibly empty (3.13+ sends those). */
+        /* Sent or failed: either way this datagram (possibly empty: 3.13+
+         * sends those) leaves the queue. */
         self->buffer_size -= c->len;
         tl_wq_pop(self);
-        if (s != SENT) {
-            if (send_failed(self, s, "Fatal write error on datagram transport") < 0)
-                return NULL;
-            Py_RETURN_NONE;
-        }
+        if (rc < 0)
+            return send_failed(self, "Fatal write error on datagram transport");
     }
     if (tl_tr_maybe_resume_protocol(self) < 0)   /* may queue more */
-        return NULL;
+        return -1;
     if (self->wq_len == 0) {
         if (tl_tr_remove_writer(self) < 0)
-            return NULL;
+            return -1;
         if (self->head.closing)
-            return tl_tr_call_connection_lost(self, Py_None);
+            return tl_tr_connection_lost(self, Py_None);
     }
-    Py_RETURN_NONE;
+    return 0;
 }
 
 /* ---- receiving ---- */
@@ -359,7 +367,7 @@ dg_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 /* Hand datagram i of the batch to the protocol.  An exception from
  * datagram_received is the callback's, as in asyncio. */
 static int
-deliver(SocketTransportObject *self, PyObject *data, PyObject *addr)
+deliver(TransportObject *self, PyObject *data, PyObject *addr)
 {
     PyObject *cargs[3] = {self->protocol, data, addr};
     PyObject *r = PyObject_VectorcallMethod(
@@ -372,7 +380,7 @@ deliver(SocketTransportObject *self, PyObject *data, PyObject *addr)
 }
 
 static int
-dg_can_deliver(SocketTransportObject *self)
+dg_can_deliver(TransportObject *self)
 {
     return !self->conn_lost && self->fd >= 0 && tl_tr_is_reading(self);
 }
@@ -380,13 +388,13 @@ dg_can_deliver(SocketTransportObject *self)
 /* Deliver what a batch left over (reading was paused in between); what is
  * still left stays for the next call. */
 static int
-deliver_pending(SocketTransportObject *self)
+deliver_pending(TransportObject *self)
 {
-    while (self->pending != NULL && PyList_GET_SIZE(self->pending) > 0) {
+    while (DG(self)->pending != NULL && PyList_GET_SIZE(DG(self)->pending) > 0) {
         if (!dg_can_deliver(self))
             return 0;
-        PyObject *item = Py_NewRef(PyList_GET_ITEM(self->pending, 0));
-        if (PyList_SetSlice(self->pending, 0, 1, NULL) < 0) {
+        PyObject *item = Py_NewRef(PyList_GET_ITEM(DG(self)->pending, 0));
+        if (PyList_SetSlice(DG(self)->pending, 0, 1, NULL) < 0) {
             Py_DECREF(item);
             return -1;
         }
@@ -399,35 +407,33 @@ deliver_pending(SocketTransportObject *self)
     return 0;
 }
 
-/* One recvmmsg() takes up to DGRAM_BATCH datagrams (one syscall where
+/* One recvmmsg() takes up to TL_DGRAM_BATCH datagrams (one syscall where
  * asyncio makes one recvfrom() per datagram and per loop iteration).  All
  * are turned into (bytes, address) before any is delivered: the receive
  * area is the loop's.  If a callback pauses reading, the rest waits in
- * self->pending; if it closes the transport, the rest is dropped, as the
+ * DG(self)->pending; if it closes the transport, the rest is dropped, as the
  * kernel's queue would be. */
-static PyObject *
-dg_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+static int
+dg_read_ready(PyObject *obj)
 {
+    TransportObject *self = (TransportObject *)obj;
     if (deliver_pending(self) < 0)
-        return NULL;
+        return -1;
     if (!dg_can_deliver(self) ||
-        (self->pending != NULL && PyList_GET_SIZE(self->pending) > 0))
-        Py_RETURN_NONE;
-    LoopObject *loop = self->loop;
-    if (loop->dgram_buf == NULL) {
-        loop->dgram_buf = PyMem_Malloc(DGRAM_BUF_SIZE);
-        if (loop->dgram_buf == NULL)
-            return PyErr_NoMemory();
-    }
+        (DG(self)->pending != NULL && PyList_GET_SIZE(DG(self)->pending) > 0))
+        return 0;
+    char *area = tl_recv_dgram_area(&self->loop->recv);
+    if (area == NULL)
+        return -1;
     /* A UDP datagram fits in 64 KiB; a Unix one may be larger (up to the
      * socket buffer), so those are received one at a time into all of it. */
-    int vlen = self->family == AF_UNIX ? 1 : DGRAM_BATCH;
-    size_t slot = self->family == AF_UNIX ? DGRAM_MAX_SIZE : DGRAM_SLOT_SIZE;
-    struct mmsghdr msgs[DGRAM_BATCH];
-    struct iovec iov[DGRAM_BATCH];
-    struct sockaddr_storage addrs[DGRAM_BATCH];
+    int vlen = self->family == AF_UNIX ? 1 : TL_DGRAM_BATCH;
+    size_t slot = self->family == AF_UNIX ? DGRAM_MAX_SIZE : TL_DGRAM_SLOT_SIZE;
+    struct mmsghdr msgs[TL_DGRAM_BATCH];
+    struct iovec iov[TL_DGRAM_BATCH];
+    struct sockaddr_storage addrs[TL_DGRAM_BATCH];
     for (int i = 0; i < vlen; i++) {
-        iov[i].iov_base = loop->dgram_buf + (size_t)i * slot;
+        iov[i].iov_base = area + (size_t)i * slot;
         iov[i].iov_len = slot;
         memset(&msgs[i].msg_hdr, 0, sizeof(msgs[i].msg_hdr));
         msgs[i].msg_hdr.msg_iov = &iov[i];
@@ -441,13 +447,11 @@ dg_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
     } while (n < 0 && errno == EINTR);
     if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK)
-            Py_RETURN_NONE;
+            return 0;
         PyErr_SetFromErrno(PyExc_OSError);
-        if (error_received(self) < 0)
-            return NULL;
-        Py_RETURN_NONE;
+        return error_received(self);
     }
-    PyObject *batch[DGRAM_BATCH][2];
+    PyObject *batch[TL_DGRAM_BATCH][2];
     for (int i = 0; i < n; i++) {
         batch[i][0] = PyBytes_FromStringAndSize(iov[i].iov_base,
                                                 (Py_ssize_t)msgs[i].msg_len);
@@ -458,7 +462,7 @@ dg_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
                 Py_XDECREF(batch[j][0]);
                 Py_XDECREF(batch[j][1]);
             }
-            return NULL;
+            return -1;
         }
     }
     int rc = 0, i = 0;
@@ -467,13 +471,13 @@ dg_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
             if (self->conn_lost || self->fd < 0)
                 break;   /* closed: the rest is dropped */
             /* paused: keep the rest for resume_reading() */
-            if (self->pending == NULL && (self->pending = PyList_New(0)) == NULL) {
+            if (DG(self)->pending == NULL && (DG(self)->pending = PyList_New(0)) == NULL) {
                 rc = -1;
                 break;
             }
             for (; i < n && rc == 0; i++) {
                 PyObject *t = PyTuple_Pack(2, batch[i][0], batch[i][1]);
-                if (t == NULL || PyList_Append(self->pending, t) < 0)
+                if (t == NULL || PyList_Append(DG(self)->pending, t) < 0)
                     rc = -1;
                 Py_XDECREF(t);
                 Py_DECREF(batch[i][0]);
@@ -489,33 +493,56 @@ dg_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
         Py_DECREF(batch[i][0]);
         Py_DECREF(batch[i][1]);
     }
-    if (rc < 0)
-        return NULL;
-    Py_RETURN_NONE;
+    return rc;
 }
 
 /* resume_reading(): what a batch left over is delivered first, soon. */
 static PyObject *
-dg_resume_reading(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+dg_resume_reading(TransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     int was_paused = self->paused && !self->head.closing;
     PyObject *r = tl_tr_resume_reading(self, NULL);
-    if (r == NULL || !was_paused || self->pending == NULL ||
-        PyList_GET_SIZE(self->pending) == 0)
+    if (r == NULL || !was_paused || DG(self)->pending == NULL ||
+        PyList_GET_SIZE(DG(self)->pending) == 0)
         return r;
     Py_DECREF(r);
-    if (tl_loop_call_soon(self->loop, self->read_ready, NULL, 0) < 0)
+    if (tl_ready_push_io(&self->loop->ready, &self->reader) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
 /* ---- construction ---- */
 
+static int
+dg_traverse(TransportObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(DG(self)->address);
+    Py_VISIT(DG(self)->pending);
+    Py_VISIT(DG(self)->last_from);
+    return 0;
+}
+
+static void
+dg_clear(TransportObject *self)
+{
+    Py_CLEAR(DG(self)->address);
+    Py_CLEAR(DG(self)->pending);
+    Py_CLEAR(DG(self)->last_from);
+}
+
+static const tl_transport_ops dgram_ops = {
+    .read_ready = dg_read_ready,
+    .write_ready = dg_write_ready,
+    .close_after_error = tl_tr_force_close,
+    .is_socket = 1,
+    .traverse = dg_traverse,
+    .clear = dg_clear,
+};
+
 /* Loop._make_datagram_transport(sock, protocol, address=None, waiter=None,
  * extra=None) */
-PyObject *
-tl_loop_make_datagram_transport(PyObject *loopobj, PyObject *args,
-                                PyObject *kwds)
+static PyObject *
+loop_make_datagram_transport(LoopObject *loop, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"sock", "protocol", "address", "waiter", "extra",
                              NULL};
@@ -525,28 +552,11 @@ tl_loop_make_datagram_transport(PyObject *loopobj, PyObject *args,
                                      kwlist, &sock, &protocol, &address, &waiter,
                                      &extra))
         return NULL;
-    LoopObject *loop = (LoopObject *)loopobj;
-    int family, type, proto;
-    PyObject *v;
-    if ((v = PyObject_GetAttrString(sock, "family")) == NULL)
+    int fd, family, type, proto;
+    if (tl_sock_info(loop->state, sock, &fd, &family, &type, &proto) < 0)
         return NULL;
-    family = (int)PyLong_AsLong(v);
-    Py_DECREF(v);
-    if ((v = PyObject_GetAttrString(sock, "type")) == NULL)
-        return NULL;
-    type = (int)PyLong_AsLong(v);
-    Py_DECREF(v);
-    if ((v = PyObject_GetAttrString(sock, "proto")) == NULL)
-        return NULL;
-    proto = (int)PyLong_AsLong(v);
-    Py_DECREF(v);
-    if (PyErr_Occurred())
-        return NULL;
-    int fd = PyObject_AsFileDescriptor(sock);
-    if (fd < 0)
-        return NULL;
-    SocketTransportObject *tr = tl_tr_create(
-        loop, loop->state->DatagramTransportType, TL_TR_DGRAM, fd, sock, family,
+    TransportObject *tr = tl_tr_create(
+        loop, loop->state->DatagramTransportType, &dgram_ops, fd, sock, family,
         type, proto, protocol, waiter, extra, NULL, NULL, 0);
     if (tr == NULL)
         return NULL;
@@ -556,64 +566,48 @@ tl_loop_make_datagram_transport(PyObject *loopobj, PyObject *args,
         return NULL;
     }
     if (truth)
-        tr->address = Py_NewRef(address);
+        DG(tr)->address = Py_NewRef(address);
     return (PyObject *)tr;
 }
+
+const PyMethodDef tl_dgram_loop_methods[] = {
+    {"_make_datagram_transport",
+     (PyCFunction)(void (*)(void))loop_make_datagram_transport,
+     METH_VARARGS | METH_KEYWORDS, NULL},
+    {NULL}
+};
 
 /* ---- attributes ---- */
 
 static PyObject *
-dg_get_address(SocketTransportObject *self, void *Py_UNUSED(c))
+dg_get_address(TransportObject *self, void *Py_UNUSED(c))
 {
-    return Py_NewRef(self->address ? self->address : Py_None);
+    return Py_NewRef(DG(self)->address ? DG(self)->address : Py_None);
 }
 
 static PyObject *
-dg_get_max_size(SocketTransportObject *Py_UNUSED(self), void *Py_UNUSED(c))
+dg_get_max_size(TransportObject *Py_UNUSED(self), void *Py_UNUSED(c))
 {
     return PyLong_FromLong(DGRAM_MAX_SIZE);
 }
 
 static PyGetSetDef dg_getset[] = {
     {"_sock", (getter)tl_tr_get_sock_attr, NULL, NULL, NULL},
-    {"_sock_fd", (getter)tl_tr_get_fd_attr, NULL, NULL, NULL},
-    {"_loop", (getter)tl_tr_get_loop_attr, NULL, NULL, NULL},
-    {"_conn_lost", (getter)tl_tr_get_conn_lost, NULL, NULL, NULL},
-    {"_closing", (getter)tl_tr_get_closing_attr, NULL, NULL, NULL},
-    {"_paused", (getter)tl_tr_get_paused_attr, NULL, NULL, NULL},
-    {"_protocol", (getter)tl_tr_get_protocol, NULL, NULL, NULL},
-    {"_protocol_paused", (getter)tl_tr_get_protocol_paused, NULL, NULL, NULL},
     {"_address", (getter)dg_get_address, NULL, NULL, NULL},
     {"max_size", (getter)dg_get_max_size, NULL, NULL, NULL},
+    TL_TR_SOCKET_GETSET,
+    TL_TR_BASE_GETSET,
     {NULL}
 };
 
 static PyMethodDef dg_methods[] = {
     {"sendto", (PyCFunction)(void (*)(void))dg_sendto,
      METH_FASTCALL | METH_KEYWORDS, "Send a datagram; never blocks."},
-    {"close", (PyCFunction)tl_tr_close, METH_NOARGS, NULL},
-    {"abort", (PyCFunction)tl_tr_abort, METH_NOARGS, NULL},
-    {"is_closing", (PyCFunction)tl_tr_is_closing_meth, METH_NOARGS, NULL},
-    {"is_reading", (PyCFunction)tl_tr_is_reading_meth, METH_NOARGS, NULL},
-    {"pause_reading", (PyCFunction)tl_tr_pause_reading, METH_NOARGS, NULL},
     {"resume_reading", (PyCFunction)dg_resume_reading, METH_NOARGS, NULL},
-    {"get_extra_info", (PyCFunction)(void (*)(void))tl_tr_get_extra_info,
-     METH_FASTCALL | METH_KEYWORDS, NULL},
-    {"get_write_buffer_size", (PyCFunction)tl_tr_get_write_buffer_size,
-     METH_NOARGS, NULL},
-    {"get_write_buffer_limits", (PyCFunction)tl_tr_get_write_buffer_limits,
-     METH_NOARGS, NULL},
-    {"set_write_buffer_limits",
-     (PyCFunction)(void (*)(void))tl_tr_set_write_buffer_limits,
-     METH_VARARGS | METH_KEYWORDS, NULL},
-    {"get_protocol", (PyCFunction)tl_tr_get_protocol, METH_NOARGS, NULL},
-    {"set_protocol", (PyCFunction)tl_tr_set_protocol, METH_O, NULL},
-    {"_read_ready", (PyCFunction)dg_read_ready, METH_NOARGS, NULL},
-    {"_write_ready", (PyCFunction)dg_write_ready, METH_NOARGS, NULL},
-    {"_start_reading", (PyCFunction)tl_tr_start_reading, METH_NOARGS, NULL},
-    {"_call_connection_lost", (PyCFunction)tl_tr_call_connection_lost, METH_O,
-     NULL},
-    {"_force_close", (PyCFunction)tl_tr_force_close_meth, METH_O, NULL},
+    TL_TR_SOCKET_METHODS,
+    TL_TR_READ_METHODS,
+    TL_TR_WRITE_METHODS,
+    TL_TR_BASE_METHODS,
     {NULL}
 };
 
@@ -623,4 +617,4 @@ static PyType_Slot dg_slots[] = {
 };
 
 PyType_Spec tl_datagram_transport_spec =
-    TL_TR_SPEC("tideloop.DatagramTransport", dg_slots);
+    TL_TR_SPEC("tideloop.DatagramTransport", DatagramTransportObject, dg_slots);

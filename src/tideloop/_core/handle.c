@@ -1,5 +1,9 @@
 /* Handle and TimerHandle: what call_soon / call_later return, and what the
- * ready queue and the timer heap hold. */
+ * ready queue and the timer heap hold; and how every callback runs --
+ * Handles, and the C io watchers of transports (tl_io_run) -- with
+ * asyncio's context and error handling.
+ *
+ * May call: heap (a cancelled timer leaves the loop's heap). */
 #include "internal.h"
 
 #include <structmember.h>
@@ -484,6 +488,69 @@ tl_handle_run_batched(HandleObject *h, int *entered)
     return ret;
 }
 
+/* ---- C io watchers (ready.h) ---- */
+
+HandleObject *
+tl_io_make_handle(LoopObject *loop, tl_io_watcher *w)
+{
+    PyObject *meth = PyObject_GetAttrString(w->owner, w->name);
+    if (meth == NULL)
+        return NULL;
+    tl_state *st = loop->state;
+    PyObject *ctx = w->context;
+    HandleObject *h = tl_handle_new(st, st->HandleType, loop, meth, NULL, 0,
+                                    ctx, ctx == NULL);
+    Py_DECREF(meth);
+    return h;
+}
+
+/* The watcher's function in the context it was armed in.  Errors other than
+ * SystemExit/KeyboardInterrupt are reported as asyncio's Handle._run
+ * reports them, by the Handle that stands for the watcher, outside the
+ * callback's context and outside the batch (*entered, see below). */
+int
+tl_io_run(LoopObject *loop, tl_io_watcher *w, int *entered)
+{
+    /* Ours for the call: the callback may re-arm w with a new context. */
+    PyObject *ctx = Py_XNewRef(w->context);
+    if (ctx == NULL) {
+        tl_batch_exit(loop, entered);
+        ctx = PyContext_CopyCurrent();
+        if (ctx == NULL)
+            return -1;
+    }
+    int rc = -1;
+    if (PyContext_Enter(ctx) == 0) {
+        rc = w->fn(w->owner);
+        PyObject *exc = rc < 0 ? tl_err_get_raised() : NULL;
+        if (PyContext_Exit(ctx) < 0) {
+            Py_XDECREF(exc);
+            exc = tl_err_get_raised();
+            rc = -1;
+        }
+        tl_err_set_raised(exc);
+    }
+    Py_DECREF(ctx);
+    if (rc == 0)
+        return 0;
+    tl_batch_exit(loop, entered);
+    if (PyErr_ExceptionMatches(PyExc_SystemExit) ||
+        PyErr_ExceptionMatches(PyExc_KeyboardInterrupt))
+        return -1;
+    PyObject *exc = tl_err_get_raised();
+    HandleObject *h = tl_io_make_handle(loop, w);
+    if (h == NULL) {
+        Py_XDECREF(exc);
+        return -1;
+    }
+    tl_err_set_raised(exc);
+    PyObject *args = PyTuple_New(0);
+    rc = args ? handle_report_error(h, h->callback, args) : -1;
+    Py_XDECREF(args);
+    Py_DECREF(h);
+    return rc;
+}
+
 /* ---- Python-visible methods ---- */
 
 static PyObject *
@@ -571,8 +638,12 @@ tl_handle_cancel(HandleObject *h)
 {
     if (h->cancelled || h->loop == NULL)
         return 0;
-    if (h->scheduled)
-        tl_loop_unschedule_timer(h->loop, h);
+    if (h->scheduled) {
+        /* Out of the loop's heap; its reference goes (the caller has one). */
+        tl_heap_remove(&h->loop->timers, &h->node);
+        h->scheduled = 0;
+        Py_DECREF(h);
+    }
     h->cancelled = 1;
     if (h->loop->debug) {
         /* Keep the description: 'Executing <Handle...> took 2.5 seconds'. */

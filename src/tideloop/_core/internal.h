@@ -1,4 +1,20 @@
-/* Shared declarations of the tideloop core. */
+/* Shared declarations of the tideloop core.
+ *
+ * THE ERROR CONVENTION, everywhere in the core:
+ *   - a function returning int returns 0 on success and -1 with a Python
+ *     exception set on failure; other results go through out-parameters
+ *     (an errno, "removed", "would block", a count).  The one exception: a
+ *     yes/no question that cannot fail (tl_tr_is_reading, is_kw, ...)
+ *     answers 1 or 0, and its comment says so;
+ *   - a function returning PyObject * returns a new reference, or NULL with
+ *     an exception set;
+ *   - cleanup after a failure goes through one `goto error` (or `goto done`
+ *     when success and failure share it) at the end of the function;
+ *   - the pending exception is taken and put back as one object with
+ *     tl_err_get_raised()/tl_err_set_raised() (compat.h), never with
+ *     PyErr_Fetch/PyErr_Restore.
+ * src/tideloop/_core/README.md maps the files: what each owns and what it
+ * may call. */
 #ifndef TIDELOOP_INTERNAL_H
 #define TIDELOOP_INTERNAL_H
 
@@ -10,18 +26,14 @@
 #include "compat.h"
 #include "heap.h"
 #include "poller.h"
+#include "ready.h"
 
 /* Arguments up to this count live inside the handle: no tuple per call. */
 #define TL_INLINE_ARGS 3
 #define TL_HANDLE_FREELIST_MAX 1024
-/* Transports receive into a bytes object of TL_SPARE_SIZE; reads at least
- * TL_HANDOVER_MIN long are handed over in it (shrunk in place), shorter ones
- * are copied out.  The size stays under glibc's default mmap threshold
- * (128 KiB): a larger block would be an mmap/mremap/munmap per read. */
-#define TL_SPARE_SIZE (128 * 1024 - 256)
-#define TL_HANDOVER_MIN (16 * 1024)
 
 typedef struct LoopObject LoopObject;
+typedef struct HandleObject HandleObject;
 
 enum { TL_KW_LOOP = 1, TL_KW_NAME = 2, TL_KW_CONTEXT = 4 };
 
@@ -32,85 +44,107 @@ enum {
     TL_CREATE_TASK_SET_NAME,     /* factory, then task.set_name(name) */
     TL_CREATE_TASK_KWARGS,       /* factory(loop, coro, **kwargs) */
 };
-typedef struct HandleObject HandleObject;
 
-/* Module state: every Python object the core needs, looked up once. */
+/* ---- module state ----
+ * Every Python object the core needs, looked up once.  The fields are
+ * listed once, here; the struct, module.c's init, traverse and clear are
+ * generated from these lists. */
+
+/* The core's types: field. */
+#define TL_STATE_TYPES(X)                                                  \
+    X(LoopType) X(HandleType) X(TimerHandleType)                           \
+    X(ThreadSafeHandleType)  /* 3.14 (where asyncio has the class) */      \
+    X(SocketTransportType) X(DatagramTransportType)                        \
+    X(ReadPipeTransportType) X(WritePipeTransportType)                     \
+    X(ListenerType) X(SockOpType)
+
+/* From tideloop._compat (asyncio's private names, with fallbacks):
+ * field, attribute. */
+#define TL_STATE_FROM_COMPAT(X)                                            \
+    X(format_callback_source, "format_callback_source")                    \
+    X(extract_stack, "extract_stack")                                      \
+    X(format_handle, "format_handle")        /* base_events._format_handle */ \
+    X(set_result_unless_cancelled, "set_result_unless_cancelled")          \
+    X(TransportSocket, "TransportSocket")                                  \
+    X(sendfile_try_native, "SENDFILE_TRY_NATIVE")                          \
+    X(iscoroutine, "iscoroutine")                                          \
+    X(iscoroutinefunction, "iscoroutinefunction")                          \
+    /* str: "data argument must be ..., not " as this interpreter words it */ \
+    X(write_type_error_prefix, "WRITE_TYPE_ERROR_PREFIX")                  \
+    X(sendto_type_error_prefix, "SENDTO_TYPE_ERROR_PREFIX")                \
+    X(ThreadSafeHandle, "ThreadSafeHandle")  /* 3.14's class, else None */ \
+    X(create_task_stock, "create_task_stock")  /* BaseEventLoop's */      \
+    X(set_task_name, "set_task_name")        /* 3.11-3.12 helper */        \
+    X(FlowControlMixin, "FlowControlMixin")
+
+/* Imported at init: field, module, attribute. */
+#define TL_STATE_IMPORTED(X)                                               \
+    X(Future, "asyncio", "Future")                                         \
+    X(Task, "asyncio", "Task")                                             \
+    X(logger, "asyncio.log", "logger")                                     \
+    X(BufferedProtocol, "asyncio", "BufferedProtocol")                     \
+    X(get_asyncgen_hooks, "sys", "get_asyncgen_hooks")                     \
+    X(set_asyncgen_hooks, "sys", "set_asyncgen_hooks")                     \
+    X(socket_socket, "socket", "socket")
+
+/* Interned names: str_<field>, text. */
+#define TL_STATE_STRINGS(X)                                                \
+    X(context, "context") X(name, "name") X(loop, "loop")                  \
+    X(call_exception_handler, "call_exception_handler")                    \
+    X(message, "message") X(exception, "exception") X(handle, "handle")    \
+    X(source_traceback, "source_traceback")                                \
+    X(firstiter, "firstiter") X(finalizer, "finalizer")                    \
+    X(asyncgen_firstiter_hook, "_asyncgen_firstiter_hook")                 \
+    X(asyncgen_finalizer_hook, "_asyncgen_finalizer_hook")                 \
+    X(set_coroutine_origin_tracking, "_set_coroutine_origin_tracking")     \
+    X(remove_signal_handler, "remove_signal_handler")                      \
+    X(set_running_loop, "_set_running_loop")                               \
+    X(get_running_loop, "_get_running_loop")                               \
+    X(data_received, "data_received")                                      \
+    X(datagram_received, "datagram_received")                              \
+    X(eof_received, "eof_received")                                        \
+    X(connection_made, "connection_made")                                  \
+    X(connection_lost, "connection_lost")                                  \
+    X(get_buffer, "get_buffer") X(buffer_updated, "buffer_updated")        \
+    X(done, "done") X(fileno, "fileno") X(result, "result")                \
+    X(set_result, "set_result") X(set_exception, "set_exception")          \
+    X(future_blocking, "_asyncio_future_blocking")                         \
+    X(Task, "Task") X(Future, "Future") X(set_name, "set_name")            \
+    X(family, "family") X(type, "type") X(proto, "proto")
+
+/* The rest, set up by hand in module.c: field. */
+#define TL_STATE_OTHER_OBJECTS(X)                                          \
+    X(events_module)   /* asyncio.events: the running-loop functions are   \
+                          looked up per run, as asyncio does (tests swap) */ \
+    X(tasks_dict)      /* asyncio.tasks.__dict__ (Task at call time) */    \
+    X(futures_dict)    /* asyncio.futures.__dict__ */                      \
+    X(SSLSocket)       /* ssl.SSLSocket, imported on first need */         \
+    X(empty_vars)      /* the variables of an empty Context */
+
 typedef struct {
-    PyTypeObject *LoopType;
-    PyTypeObject *HandleType;
-    PyTypeObject *TimerHandleType;
-    PyTypeObject *SocketTransportType;
-    PyTypeObject *DatagramTransportType;
-    PyTypeObject *ReadPipeTransportType;
-    PyTypeObject *WritePipeTransportType;
-    PyTypeObject *ListenerType;
-    PyTypeObject *SockOpType;
-
-    PyObject *Future;                 /* asyncio.Future */
-    PyObject *Task;                   /* asyncio.Task */
-    PyObject *events_module;          /* asyncio.events: the running-loop
-                                         functions are looked up per run, as
-                                         asyncio does (tests swap them) */
-    /* From tideloop._compat (asyncio's private names, with fallbacks): */
-    PyObject *format_callback_source; /* (func, args, debug) -> str */
-    PyObject *extract_stack;          /* asyncio.format_helpers.extract_stack */
-    PyObject *iscoroutine;            /* asyncio.coroutines.iscoroutine */
-    PyObject *iscoroutinefunction;    /* asyncio.coroutines.iscoroutinefunction */
-    PyObject *logger;                 /* asyncio.log.logger */
-    PyObject *format_handle;          /* asyncio.base_events._format_handle */
-    PyObject *get_asyncgen_hooks;     /* sys.get_asyncgen_hooks */
-    PyObject *BufferedProtocol;       /* asyncio.BufferedProtocol */
-    PyObject *TransportSocket;        /* asyncio.trsock.TransportSocket */
-    PyObject *socket_socket;          /* socket.socket */
-    PyObject *SSLSocket;              /* ssl.SSLSocket, imported on first need */
-    PyObject *set_result_unless_cancelled;  /* asyncio.futures */
-    PyObject *sendfile_try_native;    /* constants._SendfileMode.TRY_NATIVE */
-    PyObject *set_asyncgen_hooks;     /* sys.set_asyncgen_hooks */
-
+#define TL_DECLARE_TYPE(f) PyTypeObject *f;
+#define TL_DECLARE_2(f, a) PyObject *f;
+#define TL_DECLARE_3(f, m, a) PyObject *f;
+#define TL_DECLARE_STR(f, s) PyObject *str_##f;
+#define TL_DECLARE_1(f) PyObject *f;
+    TL_STATE_TYPES(TL_DECLARE_TYPE)
+    TL_STATE_FROM_COMPAT(TL_DECLARE_2)
+    TL_STATE_IMPORTED(TL_DECLARE_3)
+    TL_STATE_STRINGS(TL_DECLARE_STR)
+    TL_STATE_OTHER_OBJECTS(TL_DECLARE_1)
+#undef TL_DECLARE_TYPE
+#undef TL_DECLARE_2
+#undef TL_DECLARE_3
+#undef TL_DECLARE_STR
+#undef TL_DECLARE_1
     /* Keyword-name tuples for vectorcalls, by which of loop=, name=,
      * context= are passed (TL_KW_* bits, in that order). */
     PyObject *kwnames[8];
-    PyObject *str_context;
-    PyObject *str_name;
-    PyObject *str_call_exception_handler;
-    PyObject *str_message;
-    PyObject *str_exception;
-    PyObject *str_handle;
-    PyObject *str_source_traceback;
-    PyObject *str_firstiter;
-    PyObject *str_finalizer;
-    PyObject *str_asyncgen_firstiter_hook;
-    PyObject *str_asyncgen_finalizer_hook;
-    PyObject *str_set_coroutine_origin_tracking;
-    PyObject *str_remove_signal_handler;
-    PyObject *str_set_running_loop;
-    PyObject *str_data_received;
-    PyObject *str_datagram_received;
-    PyObject *str_done;
-    PyObject *str_fileno;
-    PyObject *str_result;
-    PyObject *str_set_result;
-    PyObject *str_set_exception;
-    PyObject *str_future_blocking;
-    PyObject *str_get_buffer;
-    PyObject *str_buffer_updated;
-    PyObject *str_get_running_loop;
-    PyObject *create_task_stock;  /* BaseEventLoop.create_task of this interpreter */
-    int create_task_style;       /* how it uses a task factory: TL_CREATE_TASK_* */
-    PyObject *set_task_name;     /* 3.11-3.12: asyncio.tasks._set_task_name */
-    PyObject *str_set_name;
-    PyObject *str_Task;
-    PyObject *ThreadSafeHandle;  /* 3.14: asyncio.events._ThreadSafeHandle, else None */
-    PyTypeObject *ThreadSafeHandleType;  /* ours, where that class exists, else NULL */
-    PyObject *str_Future;
-    PyObject *tasks_dict;        /* asyncio.tasks.__dict__ (Task at call time) */
-    PyObject *futures_dict;      /* asyncio.futures.__dict__ */
 
+    int create_task_style;       /* how create_task uses a task factory */
     int server_attach_takes_transport;   /* 3.13+: Server._attach(transport) */
     /* How this interpreter's stock transports treat what is written (see
      * tideloop._compat: probed from the stock classes). */
-    PyObject *write_type_error_prefix;   /* str: "data argument must be ..., not " */
-    PyObject *sendto_type_error_prefix;
     int writelines_views;        /* 3.12+: writelines() of its own (no join) */
     int writelines_skips_empty;  /* later releases: false items are dropped */
     int dgram_sends_empty;       /* 3.13+: sendto(b"") sends an empty datagram */
@@ -123,11 +157,12 @@ typedef struct {
     /* Context snapshots (see handle.c): 1 when this interpreter's
      * Context layout was verified at import. */
     int fast_context;
-    PyObject *empty_vars;             /* the variables of an empty Context */
 
     /* Bumped in the child after os.fork(): loops from before are unusable. */
     uint64_t fork_generation;
 } tl_state;
+
+
 
 struct HandleObject {
     PyObject_HEAD
@@ -163,9 +198,21 @@ typedef struct {
     int closing;
 } tl_transport_head;
 
+/* One direction of an fd: a Handle (add_reader/add_writer, sock_* waits)
+ * or a C io watcher (transports, listeners; ready.h).  At most one is set. */
 typedef struct {
-    HandleObject *reader;
-    HandleObject *writer;
+    HandleObject *handle;
+    tl_io_watcher *io;           /* the table holds a reference to its owner */
+} tl_fdslot;
+
+static inline int
+tl_fdslot_used(const tl_fdslot *s)
+{
+    return s->handle != NULL || s->io != NULL;
+}
+
+typedef struct {
+    tl_fdslot rd, wr;
     int mask;                    /* interest armed in the poller (0: none),
                                     or about to be (dirty) */
     int oneshot;                 /* armed with TL_POLL_ONESHOT */
@@ -180,6 +227,22 @@ typedef struct {
 
 #define TL_FD_WAKEUP 1
 #define TL_FD_SIGNAL 2
+
+/* Receive areas shared by the loop's transports (recvbuf.c). */
+typedef struct {
+    PyObject *spare;             /* a TL_SPARE_SIZE bytes object */
+    char *dgram;                 /* TL_DGRAM_AREA_SIZE bytes (PyMem) */
+} tl_recvbuf;
+
+/* Transports receive into a bytes object of TL_SPARE_SIZE; reads at least
+ * TL_HANDOVER_MIN long are handed over in it (shrunk in place), shorter ones
+ * are copied out.  The size stays under glibc's default mmap threshold
+ * (128 KiB): a larger block would be an mmap/mremap/munmap per read. */
+#define TL_SPARE_SIZE (128 * 1024 - 256)
+#define TL_HANDOVER_MIN (16 * 1024)
+#define TL_DGRAM_BATCH 8
+#define TL_DGRAM_SLOT_SIZE (64 * 1024)   /* any UDP datagram fits */
+#define TL_DGRAM_AREA_SIZE (TL_DGRAM_BATCH * TL_DGRAM_SLOT_SIZE)
 
 struct LoopObject {
     PyObject_HEAD
@@ -199,16 +262,11 @@ struct LoopObject {
     PyThread_type_lock threadsafe_lock;
     uint64_t fork_generation;
 
-    /* Ready queue: a ring of strong references. */
-    HandleObject **ready;
-    size_t ready_head;
-    size_t ready_len;
-    size_t ready_cap;            /* power of two */
-
+    tl_ready_queue ready;        /* strong references */
     tl_heap timers;              /* strong references to TimerHandles */
     uint64_t timer_seq;
 
-    tl_fdentry *fds;
+    tl_fdentry *fds;             /* fdtable.c */
     size_t fds_cap;
     size_t fds_registered;
     size_t fds_internal;         /* how many of those are the loop's own */
@@ -217,10 +275,7 @@ struct LoopObject {
     int *dirty_fds;              /* fds with a deferred interest change */
     size_t dirty_len, dirty_cap;
 
-    char *dgram_buf;             /* datagram transports receive here
-                                    (PyMem, made on first use, see dgram.c) */
-    PyObject *spare_bytes;       /* a TL_SPARE_SIZE bytes object that
-                                    transports receive into (see stream.c) */
+    tl_recvbuf recv;
 
     double clock_resolution;
     double slow_callback_duration;
@@ -241,73 +296,36 @@ struct LoopObject {
     double poll_time;
 };
 
-/* handle.c */
-extern PyType_Spec tl_handle_spec;
-extern PyType_Spec tl_timer_handle_spec;
-extern PyType_Spec tl_threadsafe_handle_spec;
-int tl_loop_lock_threadsafe(LoopObject *loop);
-/* reusable: the handle may run more than once (readers, writers, signals),
- * so it gets a real Context copy whose changes persist between runs. */
-HandleObject *tl_handle_new(tl_state *st, PyTypeObject *type, LoopObject *loop,
-                            PyObject *callback, PyObject *const *args,
-                            Py_ssize_t nargs, PyObject *context, int reusable);
-int tl_context_init(tl_state *st);
-PyObject *tl_context_from_vars(PyObject *vars);
-/* 0: ran (errors went to the exception handler); -1: exception to propagate */
-int tl_handle_run(HandleObject *h);
-int tl_handle_cancel(HandleObject *h);   /* -1 only if debug repr fails */
-int tl_handle_run_batched(HandleObject *h, int *entered);
-void tl_batch_exit(LoopObject *loop, int *entered);
-void tl_handle_free_list(tl_state *st);
+/* ---- checks every entry point makes ---- */
 
-/* stream.c */
-extern PyType_Spec tl_socket_transport_spec;
-extern PyType_Spec tl_listener_spec;
-PyObject *tl_loop_make_socket_transport(PyObject *loop, PyObject *args,
-                                        PyObject *kwds);
-PyObject *tl_loop_serve(PyObject *loop, PyObject *args);
+static inline int
+tl_check_closed(LoopObject *loop)
+{
+    if (loop->closed) {
+        PyErr_SetString(PyExc_RuntimeError, "Event loop is closed");
+        return -1;
+    }
+    return 0;
+}
 
-/* sockops.c */
-extern PyType_Spec tl_sockop_spec;
-PyObject *tl_loop_sock_recv(PyObject *loop, PyObject *const *args, Py_ssize_t n,
-                            PyObject *kwnames);
-PyObject *tl_loop_sock_recv_into(PyObject *loop, PyObject *const *args,
-                                 Py_ssize_t n, PyObject *kwnames);
-PyObject *tl_loop_sock_sendall(PyObject *loop, PyObject *const *args,
-                               Py_ssize_t n, PyObject *kwnames);
-PyObject *tl_loop_sock_accept(PyObject *loop, PyObject *const *args,
-                              Py_ssize_t n, PyObject *kwnames);
+static inline int
+tl_loop_is_forked(LoopObject *loop)
+{
+    return loop->fork_generation != loop->state->fork_generation;
+}
 
-/* sockaddr.c */
-struct sockaddr;
-PyObject *tl_sockaddr_to_py(const struct sockaddr *sa, unsigned int len);
-
-/* loop.c */
-extern PyType_Spec tl_loop_spec;
-/* Internal API for transports (no transport check, handles reusable). */
-int tl_loop_add_io(LoopObject *loop, int fd, int which, PyObject *callback);
-/* For a callback that expects one event (sock_* waits): the poller disarms
- * the fd after reporting it, so finishing needs no syscall and waiting
- * again is one. */
-HandleObject *tl_loop_add_io_oneshot(LoopObject *loop, int fd, int which,
-                                     PyObject *callback);   /* new ref */
-int tl_loop_remove_io(LoopObject *loop, int fd, int which);   /* 1: removed */
-int tl_loop_call_soon(LoopObject *loop, PyObject *callback,
-                      PyObject *const *args, Py_ssize_t nargs);
-PyObject *tl_loop_call_later(LoopObject *loop, double delay,
-                             PyObject *callback);
-int tl_loop_set_fd_transport(LoopObject *loop, int fd, tl_transport_head *t);
-void tl_loop_clear_fd_transport(LoopObject *loop, int fd, tl_transport_head *t);
-int tl_loop_check_closed(LoopObject *loop);
-ssize_t tl_loop_read_spare(LoopObject *loop, int fd, size_t max, int use_read,
-                           PyObject **data);
-int tl_loop_check_fd_transport(LoopObject *loop, int fd);
-PyObject *tl_loop_create_future(LoopObject *loop);
-/* loop.call_exception_handler({message, exception, **pairs}); pairs are
- * (const char *key, PyObject *value) ending with NULL. */
-int tl_loop_report(LoopObject *loop, const char *message, PyObject *exc, ...);
-void tl_loop_unschedule_timer(LoopObject *loop, HandleObject *h);
-double tl_monotonic(void);
+static inline int
+tl_check_fork(LoopObject *loop)
+{
+    if (tl_loop_is_forked(loop)) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "this tideloop event loop was created before "
+                        "os.fork() and cannot be used in the child process; "
+                        "create a new event loop in the child");
+        return -1;
+    }
+    return 0;
+}
 
 static inline tl_state *
 tl_get_state_from_type(PyTypeObject *tp)
@@ -315,16 +333,94 @@ tl_get_state_from_type(PyTypeObject *tp)
     return (tl_state *)PyType_GetModuleState(tp);
 }
 
-/* *fd = obj.fileno(); -1 with the error set. */
-static inline int
-tl_call_fileno(tl_state *st, PyObject *obj, long *fd)
-{
-    PyObject *fdo = PyObject_CallMethodNoArgs(obj, st->str_fileno);
-    if (fdo == NULL)
-        return -1;
-    *fd = PyLong_AsLong(fdo);
-    Py_DECREF(fdo);
-    return (*fd == -1 && PyErr_Occurred()) ? -1 : 0;
-}
+/* ---- what each file offers (lower files first; a file may call only the
+ * files listed above it, see README.md) ---- */
+
+/* recvbuf.c: receiving into the loop's shared areas. */
+/* One read/recv of up to max (<= TL_SPARE_SIZE) bytes from fd: *data is the
+ * bytes read (NULL on EOF or on a system error, whose errno is in *err;
+ * *err is 0 otherwise). */
+int tl_recv_spare(tl_recvbuf *rb, int fd, size_t max, int use_read,
+                  PyObject **data, int *err);
+char *tl_recv_dgram_area(tl_recvbuf *rb);   /* NULL: MemoryError */
+void tl_recvbuf_clear(tl_recvbuf *rb);
+
+/* sockaddr.c: addresses and socket objects. */
+struct sockaddr;
+PyObject *tl_sockaddr_to_py(const struct sockaddr *sa, unsigned int len);
+/* obj.fileno() as an int. */
+int tl_call_fileno(tl_state *st, PyObject *obj, int *fd);
+/* sock.family, .type, .proto and .fileno() (any of the pointers may be
+ * NULL). */
+int tl_sock_info(tl_state *st, PyObject *sock, int *fd, int *family,
+                 int *type, int *proto);
+/* A writable view of buf, refused in socket.recv_into()'s words. */
+int tl_recv_into_buffer(PyObject *buf, Py_buffer *view);
+
+/* handle.c: Handles, TimerHandles and how callbacks run. */
+extern PyType_Spec tl_handle_spec;
+extern PyType_Spec tl_timer_handle_spec;
+extern PyType_Spec tl_threadsafe_handle_spec;
+/* reusable: the handle may run more than once (readers, writers, signals),
+ * so it gets a real Context copy whose changes persist between runs. */
+HandleObject *tl_handle_new(tl_state *st, PyTypeObject *type, LoopObject *loop,
+                            PyObject *callback, PyObject *const *args,
+                            Py_ssize_t nargs, PyObject *context, int reusable);
+int tl_context_init(tl_state *st);
+PyObject *tl_context_from_vars(PyObject *vars);
+/* -1 only to propagate (SystemExit, KeyboardInterrupt, a failing report):
+ * other errors of the callback go to the exception handler. */
+int tl_handle_run(HandleObject *h);
+int tl_handle_run_batched(HandleObject *h, int *entered);
+void tl_batch_exit(LoopObject *loop, int *entered);
+int tl_handle_cancel(HandleObject *h);
+void tl_handle_free_list(tl_state *st);
+/* Run a watcher's function in its context, with tl_handle_run's error
+ * handling. */
+int tl_io_run(LoopObject *loop, tl_io_watcher *w, int *entered);
+/* A Handle standing for a watcher (debug mode, reports, _selector): it
+ * calls the owner's method of that name in the watcher's context. */
+HandleObject *tl_io_make_handle(LoopObject *loop, tl_io_watcher *w);
+
+/* fdtable.c: fd registrations. */
+int tl_fd_from_object(PyObject *fileobj);   /* the fd, or -1 with an error */
+/* h (not stolen) becomes fd's reader or writer; the one it replaces is
+ * cancelled.  oneshot: the poller disarms the fd after one event (sock_*
+ * waits: finishing costs no syscall, waiting again one). */
+int tl_fd_add_handle(LoopObject *loop, int fd, int which, HandleObject *h,
+                     int oneshot);
+/* Arm w (its owner's fn) for fd in this call's context; armed again: the
+ * new context, and an event already queued is dropped (as asyncio's
+ * add_reader replaces its Handle). */
+int tl_fd_watch(LoopObject *loop, int fd, int which, tl_io_watcher *w);
+/* Empty fd's reader or writer slot; *removed (may be NULL): there was one. */
+int tl_fd_remove(LoopObject *loop, int fd, int which, int *removed);
+int tl_fd_dispatch(LoopObject *loop, int fd, int mask);
+void tl_fd_flush_dirty(LoopObject *loop);
+int tl_fd_register_internal(LoopObject *loop, int fd, int kind);
+void tl_fd_unregister_internal(LoopObject *loop, int fd);
+void tl_fd_clear_all(LoopObject *loop);
+int tl_fd_traverse(LoopObject *loop, visitproc visit, void *arg);
+int tl_fd_set_transport(LoopObject *loop, int fd, tl_transport_head *t);
+void tl_fd_clear_transport(LoopObject *loop, int fd, tl_transport_head *t);
+int tl_fd_check_no_transport(LoopObject *loop, int fd);
+extern const PyMethodDef tl_fd_loop_methods[];
+
+/* loop.c: the Loop type, iteration, ready queue, timers. */
+extern PyType_Spec tl_loop_spec;
+int tl_loop_call_soon(LoopObject *loop, PyObject *callback,
+                      PyObject *const *args, Py_ssize_t nargs);
+PyObject *tl_loop_call_later(LoopObject *loop, double delay,
+                             PyObject *callback);
+PyObject *tl_loop_create_future(LoopObject *loop);
+/* loop.call_exception_handler({message, exception, **pairs}); pairs are
+ * (const char *key, PyObject *value) ending with NULL. */
+int tl_loop_report(LoopObject *loop, const char *message, PyObject *exc, ...);
+double tl_monotonic(void);
+
+/* transport.c, stream.c, listener.c, dgram.c, pipe.c: see transport.h. */
+/* sockops.c: sock_recv, sock_recv_into, sock_sendall, sock_accept. */
+extern PyType_Spec tl_sockop_spec;
+extern const PyMethodDef tl_sockop_loop_methods[];
 
 #endif

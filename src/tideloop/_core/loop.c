@@ -1,7 +1,15 @@
 /* The Loop type: one iteration = poll timeout -> poll -> dispatch fds ->
- * expired timers -> run the callbacks that were ready when it began. */
+ * expired timers -> run the callbacks that were ready when it began.
+ *
+ * Owns the iteration, the ready queue, the timers, call_soon/call_later/
+ * call_at, run_forever/stop/close, signals' wakeup pipe, create_future/
+ * create_task.  The fd methods (add_reader, ...) are fdtable.c's, the
+ * transport factories and sock_* methods the transports' and sockops.c's;
+ * module.c adds them to the Loop type.
+ *
+ * May call: fdtable.c, handle.c, recvbuf.c, heap, poller. */
 #define _GNU_SOURCE
-#include "transport.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -27,35 +35,6 @@ tl_monotonic(void)
 }
 
 /* ---- checks shared by the public methods ---- */
-
-static int
-check_closed(LoopObject *self)
-{
-    if (self->closed) {
-        PyErr_SetString(PyExc_RuntimeError, "Event loop is closed");
-        return -1;
-    }
-    return 0;
-}
-
-static int
-is_forked(LoopObject *self)
-{
-    return self->fork_generation != self->state->fork_generation;
-}
-
-static int
-check_fork(LoopObject *self)
-{
-    if (is_forked(self)) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "this tideloop event loop was created before "
-                        "os.fork() and cannot be used in the child process; "
-                        "create a new event loop in the child");
-        return -1;
-    }
-    return 0;
-}
 
 static int
 check_thread(LoopObject *self)
@@ -149,68 +128,16 @@ parse_callback_call(LoopObject *self, const char *method, PyObject *const *args,
     return 0;
 }
 
-/* ---- ready queue ---- */
-
-static int
-ready_grow(LoopObject *self)
-{
-    size_t cap = self->ready_cap ? self->ready_cap * 2 : 256;
-    HandleObject **buf = PyMem_Malloc(cap * sizeof(*buf));
-    if (buf == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (size_t i = 0; i < self->ready_len; i++)
-        buf[i] = self->ready[(self->ready_head + i) & (self->ready_cap - 1)];
-    PyMem_Free(self->ready);
-    self->ready = buf;
-    self->ready_head = 0;
-    self->ready_cap = cap;
-    return 0;
-}
+/* ---- ready queue (ready.h) ---- */
 
 /* Steals the reference to h. */
 static inline int
 ready_push(LoopObject *self, HandleObject *h)
 {
-    if (self->ready_len == self->ready_cap && ready_grow(self) < 0) {
-        Py_DECREF(h);
-        return -1;
-    }
-    self->ready[(self->ready_head + self->ready_len) & (self->ready_cap - 1)] = h;
-    self->ready_len++;
-    return 0;
-}
-
-static inline HandleObject *
-ready_pop(LoopObject *self)
-{
-    HandleObject *h = self->ready[self->ready_head];
-    self->ready_head = (self->ready_head + 1) & (self->ready_cap - 1);
-    self->ready_len--;
-    return h;
-}
-
-static void
-ready_clear(LoopObject *self)
-{
-    while (self->ready_len) {
-        HandleObject *h = ready_pop(self);
-        Py_DECREF(h);
-    }
+    return tl_ready_push(&self->ready, (PyObject *)h, NULL);
 }
 
 /* ---- timers ---- */
-
-void
-tl_loop_unschedule_timer(LoopObject *loop, HandleObject *h)
-{
-    if (!h->scheduled)
-        return;
-    tl_heap_remove(&loop->timers, &h->node);
-    h->scheduled = 0;
-    Py_DECREF(h);   /* the heap's reference; the caller holds another */
-}
 
 static void
 timers_clear(LoopObject *self)
@@ -221,158 +148,6 @@ timers_clear(LoopObject *self)
         h->scheduled = 0;
         Py_DECREF(h);
     }
-}
-
-/* ---- fd table ---- */
-
-static int
-fd_from_object(PyObject *fileobj)
-{
-    long fd;
-    if (PyLong_Check(fileobj)) {
-        fd = PyLong_AsLong(fileobj);
-        if (fd == -1 && PyErr_Occurred())
-            return -1;
-    }
-    else {
-        PyObject *r = PyObject_CallMethod(fileobj, "fileno", NULL);
-        PyObject *i = r ? PyNumber_Long(r) : NULL;
-        Py_XDECREF(r);
-        if (i == NULL) {
-            if (PyErr_ExceptionMatches(PyExc_AttributeError) ||
-                PyErr_ExceptionMatches(PyExc_TypeError) ||
-                PyErr_ExceptionMatches(PyExc_ValueError)) {
-                PyErr_Clear();
-                PyErr_Format(PyExc_ValueError, "Invalid file object: %R",
-                             fileobj);
-            }
-            return -1;
-        }
-        fd = PyLong_AsLong(i);
-        Py_DECREF(i);
-        if (fd == -1 && PyErr_Occurred())
-            return -1;
-    }
-    if (fd < 0) {
-        PyErr_Format(PyExc_ValueError, "Invalid file descriptor: %ld", fd);
-        return -1;
-    }
-    if (fd > INT_MAX) {
-        PyErr_SetString(PyExc_OverflowError, "file descriptor out of range");
-        return -1;
-    }
-    return (int)fd;
-}
-
-static int
-fd_reserve(LoopObject *self, int fd)
-{
-    if ((size_t)fd < self->fds_cap)
-        return 0;
-    size_t cap = self->fds_cap ? self->fds_cap : 64;
-    while (cap <= (size_t)fd)
-        cap *= 2;
-    tl_fdentry *t = PyMem_Realloc(self->fds, cap * sizeof(*t));
-    if (t == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    memset(t + self->fds_cap, 0, (cap - self->fds_cap) * sizeof(*t));
-    self->fds = t;
-    self->fds_cap = cap;
-    return 0;
-}
-
-/* Tell the poller the interest for fd; OSError on failure. */
-static int
-fd_apply(LoopObject *self, int fd, int mask, int oneshot)
-{
-    tl_fdentry *e = &self->fds[fd];
-    oneshot = oneshot && mask;
-    if (e->mask == mask && e->oneshot == oneshot)
-        return 0;
-    if (e->mask && mask && !oneshot && !e->oneshot) {
-        /* Between two non-empty level-triggered interests (a writer coming
-         * and going on a reading fd): applied just before the next poll,
-         * so a write queue that drains and refills within an iteration
-         * costs no epoll_ctl.  Changes to or from nothing stay immediate:
-         * an fd may be closed and its number reused right after. */
-        if (!e->dirty) {
-            if (self->dirty_len == self->dirty_cap) {
-                size_t cap = self->dirty_cap ? self->dirty_cap * 2 : 16;
-                int *d = PyMem_Realloc(self->dirty_fds, cap * sizeof(int));
-                if (d == NULL) {
-                    PyErr_NoMemory();
-                    return -1;
-                }
-                self->dirty_fds = d;
-                self->dirty_cap = cap;
-            }
-            self->dirty_fds[self->dirty_len++] = fd;
-            e->dirty = 1;
-            e->kmask = e->mask;
-        }
-        e->mask = mask;
-        return 0;
-    }
-    e->dirty = 0;   /* superseded by what follows (the poller has the fd) */
-    int kmask = mask | (oneshot ? TL_POLL_ONESHOT : 0);
-    int rc;
-    if (mask == 0)
-        rc = tl_poller_remove(self->poller, fd);
-    else if (e->mask == 0 && !e->dormant)
-        rc = tl_poller_add(self->poller, fd, kmask);
-    else
-        rc = tl_poller_modify(self->poller, fd, kmask);
-    if (rc < 0) {
-        PyErr_SetFromErrno(PyExc_OSError);
-        return -1;
-    }
-    if (e->mask == 0 && mask)
-        self->fds_registered++;
-    else if (e->mask && mask == 0)
-        self->fds_registered--;
-    e->mask = mask;
-    e->oneshot = oneshot;
-    e->dormant = 0;
-    return 0;
-}
-
-/* Apply the deferred interest changes (see fd_apply). */
-static void
-fd_flush_dirty(LoopObject *self)
-{
-    for (size_t i = 0; i < self->dirty_len; i++) {
-        int fd = self->dirty_fds[i];
-        if ((size_t)fd >= self->fds_cap)
-            continue;
-        tl_fdentry *e = &self->fds[fd];
-        if (!e->dirty)
-            continue;
-        e->dirty = 0;
-        if (e->mask == e->kmask)
-            continue;
-        if (tl_poller_modify(self->poller, fd, e->mask) < 0) {
-            /* The fd was closed while still watched (a caller's error): the
-             * kernel forgot it, so must we. */
-            self->fds_registered--;
-            e->mask = 0;
-        }
-    }
-    self->dirty_len = 0;
-}
-
-static int
-fd_set_mask(LoopObject *self, int fd, int mask)
-{
-    return fd_apply(self, fd, mask, 0);
-}
-
-/* The interest the fd's handles want. */
-static inline int
-fd_wanted(tl_fdentry *e)
-{
-    return (e->reader ? TL_POLL_READ : 0) | (e->writer ? TL_POLL_WRITE : 0);
 }
 
 static int
@@ -393,39 +168,12 @@ ensure_events_buffer(LoopObject *self)
     return 0;
 }
 
-static int
-register_internal_fd(LoopObject *self, int fd, int kind)
-{
-    if (fd_reserve(self, fd) < 0)
-        return -1;
-    if (fd_set_mask(self, fd, TL_POLL_READ) < 0)
-        return -1;
-    self->fds[fd].internal = kind;
-    self->fds_internal++;
-    return 0;
-}
-
-static void
-unregister_internal_fd(LoopObject *self, int fd)
-{
-    if (fd < 0 || (size_t)fd >= self->fds_cap)
-        return;
-    if (self->poller != NULL && self->fds[fd].mask && !is_forked(self))
-        tl_poller_remove(self->poller, fd);
-    if (self->fds[fd].mask)
-        self->fds_registered--;
-    if (self->fds[fd].internal)
-        self->fds_internal--;
-    self->fds[fd].mask = 0;
-    self->fds[fd].internal = 0;
-}
-
 /* ---- wakeup ---- */
 
 static void
 write_wakeup(LoopObject *self)
 {
-    if (self->wakeup_fd < 0 || is_forked(self))
+    if (self->wakeup_fd < 0 || tl_loop_is_forked(self))
         return;
     uint64_t one = 1;
     ssize_t r;
@@ -508,42 +256,8 @@ dispatch_events(LoopObject *self, int n)
             continue;
         }
         self->n_io_events++;
-        if (e->oneshot && e->mask) {
-            /* The poller disarmed it after this event. */
-            e->mask = 0;
-            e->oneshot = 0;
-            e->dormant = 1;
-            self->fds_registered--;
-        }
-        if ((mask & TL_POLL_READ) && e->reader != NULL) {
-            HandleObject *h = e->reader;
-            if (h->cancelled) {
-                e->reader = NULL;
-                if (fd_set_mask(self, fd, e->mask & fd_wanted(e)) < 0)
-                    PyErr_Clear();
-                Py_DECREF(h);
-            }
-            else {
-                Py_INCREF(h);
-                if (ready_push(self, h) < 0)
-                    return -1;
-            }
-        }
-        e = &self->fds[fd];
-        if ((mask & TL_POLL_WRITE) && e->writer != NULL) {
-            HandleObject *h = e->writer;
-            if (h->cancelled) {
-                e->writer = NULL;
-                if (fd_set_mask(self, fd, e->mask & fd_wanted(e)) < 0)
-                    PyErr_Clear();
-                Py_DECREF(h);
-            }
-            else {
-                Py_INCREF(h);
-                if (ready_push(self, h) < 0)
-                    return -1;
-            }
-        }
+        if (tl_fd_dispatch(self, fd, mask) < 0)
+            return -1;
     }
     return 0;
 }
@@ -578,8 +292,8 @@ run_ready_debug(LoopObject *self, HandleObject *h)
 /* Take the loop's threadsafe_lock for a _ThreadSafeHandle's run (see
  * handle.c); only the loop thread holds it for long, other threads just pass
  * through it, so the first try nearly always succeeds. */
-int
-tl_loop_lock_threadsafe(LoopObject *loop)
+static int
+lock_threadsafe(LoopObject *loop)
 {
     if (loop->threadsafe_lock == NULL) {
         loop->threadsafe_lock = PyThread_allocate_lock();
@@ -597,11 +311,52 @@ tl_loop_lock_threadsafe(LoopObject *loop)
 }
 
 static int
+run_handle_item(LoopObject *self, HandleObject *h, int *entered)
+{
+    if (h->cancelled)
+        return 0;
+    self->n_callbacks++;
+    int rc;
+    int locked = Py_IS_TYPE(h, self->state->ThreadSafeHandleType);
+    if (locked && lock_threadsafe(self) < 0)
+        return -1;
+    if (self->debug) {
+        tl_batch_exit(self, entered);
+        rc = run_ready_debug(self, h);
+    }
+    else {
+        rc = tl_handle_run_batched(h, entered);
+    }
+    if (locked)
+        PyThread_release_lock(self->threadsafe_lock);
+    return rc;
+}
+
+/* A transport's or listener's C reader/writer.  In debug mode it runs as a
+ * Handle would (current handle, slow-callback report). */
+static int
+run_io_item(LoopObject *self, tl_io_watcher *w, int *entered)
+{
+    if (w->stale)   /* disarmed after its event was queued */
+        return 0;
+    self->n_callbacks++;
+    if (!self->debug)
+        return tl_io_run(self, w, entered);
+    tl_batch_exit(self, entered);
+    HandleObject *h = tl_io_make_handle(self, w);
+    if (h == NULL)
+        return -1;
+    int rc = run_ready_debug(self, h);
+    Py_DECREF(h);
+    return rc;
+}
+
+static int
 run_once(LoopObject *self)
 {
     int64_t timeout_ns = -1;
     self->n_iterations++;
-    if (self->ready_len || self->stopping) {
+    if (self->ready.len || self->stopping) {
         timeout_ns = 0;
     }
     else {
@@ -620,7 +375,7 @@ run_once(LoopObject *self)
         return -1;
 
     if (self->dirty_len)
-        fd_flush_dirty(self);
+        tl_fd_flush_dirty(self);
     int n;
     if (timeout_ns == 0 && self->fds_registered == self->fds_internal &&
         self->signal_rfd < 0) {
@@ -674,32 +429,14 @@ run_once(LoopObject *self)
     }
 
     /* Only what was ready now: callbacks scheduled from here wait. */
-    size_t ntodo = self->ready_len;
+    size_t ntodo = self->ready.len;
     int entered = 0;
-    for (size_t i = 0; i < ntodo && self->ready_len; i++) {
-        HandleObject *h = ready_pop(self);
-        if (h->cancelled) {
-            Py_DECREF(h);
-            continue;
-        }
-        self->n_callbacks++;
-        int rc;
-        int locked = Py_IS_TYPE(h, self->state->ThreadSafeHandleType);
-        if (locked && tl_loop_lock_threadsafe(self) < 0) {
-            Py_DECREF(h);
-            tl_batch_exit(self, &entered);
-            return -1;
-        }
-        if (self->debug) {
-            tl_batch_exit(self, &entered);
-            rc = run_ready_debug(self, h);
-        }
-        else {
-            rc = tl_handle_run_batched(h, &entered);
-        }
-        if (locked)
-            PyThread_release_lock(self->threadsafe_lock);
-        Py_DECREF(h);
+    for (size_t i = 0; i < ntodo && self->ready.len; i++) {
+        tl_ready_item it = tl_ready_pop(&self->ready);
+        int rc = it.io != NULL
+                     ? run_io_item(self, it.io, &entered)
+                     : run_handle_item(self, (HandleObject *)it.obj, &entered);
+        Py_DECREF(it.obj);
         if (rc < 0) {
             tl_batch_exit(self, &entered);
             return -1;
@@ -728,7 +465,7 @@ schedule_soon(LoopObject *self, const char *method, PyObject *const *args,
                                 &context) < 0)
             return NULL;
     }
-    if (check_closed(self) < 0)
+    if (tl_check_closed(self) < 0)
         return NULL;
     if (self->debug) {
         if (!threadsafe && check_thread(self) < 0)
@@ -791,7 +528,7 @@ static PyObject *
 schedule_at(LoopObject *self, const char *method, double when,
             PyObject *const *args, Py_ssize_t nargs, PyObject *context)
 {
-    if (check_closed(self) < 0)
+    if (tl_check_closed(self) < 0)
         return NULL;
     if (self->debug) {
         if (check_thread(self) < 0)
@@ -903,7 +640,7 @@ loop_is_running(LoopObject *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 loop_check_closed(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
-    if (check_closed(self) < 0)
+    if (tl_check_closed(self) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -933,7 +670,7 @@ loop_set_debug_flag(LoopObject *self, PyObject *enabled)
 static PyObject *
 loop_run_once(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
-    if (check_closed(self) < 0 || check_fork(self) < 0)
+    if (tl_check_closed(self) < 0 || tl_check_fork(self) < 0)
         return NULL;
     if (run_once(self) < 0)
         return NULL;
@@ -995,7 +732,7 @@ static PyObject *
 loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
     tl_state *st = self->state;
-    if (check_closed(self) < 0 || check_fork(self) < 0)
+    if (tl_check_closed(self) < 0 || tl_check_fork(self) < 0)
         return NULL;
     if (self->thread_id != 0) {
         PyErr_SetString(PyExc_RuntimeError, "This event loop is already running");
@@ -1092,12 +829,11 @@ loop_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
     if (self->closed)
         Py_RETURN_NONE;
     self->closed = 1;
-    ready_clear(self);
+    tl_ready_clear(&self->ready);
     timers_clear(self);
+    tl_fd_clear_all(self);
     for (size_t fd = 0; fd < self->fds_cap; fd++) {
         tl_fdentry *e = &self->fds[fd];
-        Py_CLEAR(e->reader);
-        Py_CLEAR(e->writer);
         e->mask = 0;
         e->oneshot = 0;
         e->dormant = 0;
@@ -1109,7 +845,7 @@ loop_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
     self->fds_registered = 0;
     self->fds_internal = 0;
     if (self->poller != NULL) {
-        if (is_forked(self))
+        if (tl_loop_is_forked(self))
             tl_poller_abandon(self->poller);
         else
             tl_poller_free(self->poller);
@@ -1122,132 +858,11 @@ loop_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-/* Install h (stolen) as the reader or writer of fd, replacing (and
- * cancelling) the previous one. */
-static int
-set_io_handle(LoopObject *self, int fd, int which, HandleObject *h, int oneshot)
-{
-    if (fd_reserve(self, fd) < 0) {
-        Py_DECREF(h);
-        return -1;
-    }
-    tl_fdentry *e = &self->fds[fd];
-    if (e->internal) {
-        Py_DECREF(h);
-        PyErr_Format(PyExc_RuntimeError,
-                     "File descriptor %d is used internally by the event loop",
-                     fd);
-        return -1;
-    }
-    HandleObject **other = which == TL_POLL_READ ? &e->writer : &e->reader;
-    int want = which | (*other ? (TL_POLL_READ | TL_POLL_WRITE) & ~which : 0);
-    /* One-shot only while it is the fd's only interest. */
-    if (fd_apply(self, fd, want, oneshot && *other == NULL) < 0) {
-        Py_DECREF(h);
-        return -1;
-    }
-    e = &self->fds[fd];
-    HandleObject **slot = which == TL_POLL_READ ? &e->reader : &e->writer;
-    HandleObject *old = *slot;
-    *slot = h;
-    if (old != NULL) {
-        int rc = tl_handle_cancel(old);
-        Py_DECREF(old);
-        if (rc < 0)
-            return -1;
-    }
-    return 0;
-}
-
-int
-tl_loop_add_io(LoopObject *self, int fd, int which, PyObject *callback)
-{
-    if (check_closed(self) < 0 || check_fork(self) < 0)
-        return -1;
-    tl_state *st = self->state;
-    HandleObject *h = tl_handle_new(st, st->HandleType, self, callback, NULL,
-                                    0, NULL, 1);
-    if (h == NULL)
-        return -1;
-    return set_io_handle(self, fd, which, h, 0);
-}
-
-HandleObject *
-tl_loop_add_io_oneshot(LoopObject *self, int fd, int which, PyObject *callback)
-{
-    if (check_closed(self) < 0 || check_fork(self) < 0)
-        return NULL;
-    tl_state *st = self->state;
-    HandleObject *h = tl_handle_new(st, st->HandleType, self, callback, NULL,
-                                    0, NULL, 1);
-    if (h == NULL)
-        return NULL;
-    Py_INCREF(h);
-    if (set_io_handle(self, fd, which, h, 1) < 0) {
-        Py_DECREF(h);
-        return NULL;
-    }
-    return h;
-}
-
-int
-tl_loop_remove_io(LoopObject *self, int fd, int which)
-{
-    if (self->closed)
-        return 0;
-    if (check_fork(self) < 0)
-        return -1;
-    if (fd < 0 || (size_t)fd >= self->fds_cap)
-        return 0;
-    tl_fdentry *e = &self->fds[fd];
-    if (e->internal)
-        return 0;
-    HandleObject **slot = which == TL_POLL_READ ? &e->reader : &e->writer;
-    HandleObject *old = *slot;
-    *slot = NULL;
-    if (fd_set_mask(self, fd, e->mask & fd_wanted(e)) < 0) {
-        /* The kernel forgot the fd already (closed); keep our table honest. */
-        PyErr_Clear();
-        if (e->mask)
-            self->fds_registered--;
-        e->mask = 0;
-        e->oneshot = 0;
-        e->dormant = 0;
-    }
-    if (old == NULL)
-        return 0;
-    int rc = tl_handle_cancel(old);
-    Py_DECREF(old);
-    return rc < 0 ? -1 : 1;
-}
-
-int
-tl_loop_set_fd_transport(LoopObject *self, int fd, tl_transport_head *t)
-{
-    if (fd_reserve(self, fd) < 0)
-        return -1;
-    self->fds[fd].transport = t;
-    return 0;
-}
-
-void
-tl_loop_clear_fd_transport(LoopObject *self, int fd, tl_transport_head *t)
-{
-    if (fd >= 0 && (size_t)fd < self->fds_cap && self->fds[fd].transport == t)
-        self->fds[fd].transport = NULL;
-}
-
-int
-tl_loop_check_closed(LoopObject *self)
-{
-    return check_closed(self);
-}
-
 int
 tl_loop_call_soon(LoopObject *self, PyObject *callback, PyObject *const *args,
                   Py_ssize_t nargs)
 {
-    if (check_closed(self) < 0)
+    if (tl_check_closed(self) < 0)
         return -1;
     tl_state *st = self->state;
     HandleObject *h = tl_handle_new(st, st->HandleType, self, callback, args,
@@ -1296,121 +911,6 @@ tl_loop_report(LoopObject *self, const char *message, PyObject *exc, ...)
         return -1;
     Py_DECREF(r);
     return 0;
-}
-
-/* asyncio's _ensure_fd_no_transport: the public reader/writer methods
- * refuse an fd that a live transport owns. */
-static int
-check_no_transport(LoopObject *self, int fd, PyObject *fileobj)
-{
-    if ((size_t)fd >= self->fds_cap)
-        return 0;
-    tl_transport_head *t = self->fds[fd].transport;
-    if (t != NULL && !t->closing) {
-        PyErr_Format(PyExc_RuntimeError,
-                     "File descriptor %R is used by transport %R", fileobj,
-                     (PyObject *)t);
-        return -1;
-    }
-    return 0;
-}
-
-static int
-add_io(LoopObject *self, PyObject *const *args, Py_ssize_t nargs,
-       const char *method, int which, int ret_handle, PyObject **out)
-{
-    if (nargs < 2) {
-        PyErr_Format(PyExc_TypeError,
-                     "%s() missing required positional argument: '%s'",
-                     method, nargs == 0 ? "fd" : "callback");
-        return -1;
-    }
-    int fd = fd_from_object(args[0]);
-    if (fd < 0)
-        return -1;
-    if (!ret_handle && check_no_transport(self, fd, args[0]) < 0)
-        return -1;
-    if (check_closed(self) < 0 || check_fork(self) < 0)
-        return -1;
-    tl_state *st = self->state;
-    HandleObject *h = tl_handle_new(st, st->HandleType, self, args[1], args + 2,
-                                    nargs - 2, NULL, 1);
-    if (h == NULL)
-        return -1;
-    Py_INCREF(h);
-    if (set_io_handle(self, fd, which, h, 0) < 0) {
-        Py_DECREF(h);
-        return -1;
-    }
-    if (ret_handle) {
-        *out = (PyObject *)h;
-    }
-    else {
-        Py_DECREF(h);
-        *out = Py_NewRef(Py_None);
-    }
-    return 0;
-}
-
-static PyObject *
-remove_io(LoopObject *self, PyObject *fileobj, int which, int public)
-{
-    int fd = fd_from_object(fileobj);
-    if (fd < 0)
-        return NULL;
-    if (public && check_no_transport(self, fd, fileobj) < 0)
-        return NULL;
-    int rc = tl_loop_remove_io(self, fd, which);
-    if (rc < 0)
-        return NULL;
-    return PyBool_FromLong(rc);
-}
-
-static PyObject *
-loop_add_reader(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    PyObject *out;
-    if (add_io(self, args, nargs, "add_reader", TL_POLL_READ, 0, &out) < 0)
-        return NULL;
-    return out;
-}
-
-static PyObject *
-loop_add_writer(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    PyObject *out;
-    if (add_io(self, args, nargs, "add_writer", TL_POLL_WRITE, 0, &out) < 0)
-        return NULL;
-    return out;
-}
-
-static PyObject *
-loop__add_reader(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    PyObject *out;
-    if (add_io(self, args, nargs, "_add_reader", TL_POLL_READ, 1, &out) < 0)
-        return NULL;
-    return out;
-}
-
-static PyObject *
-loop__add_writer(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    PyObject *out;
-    if (add_io(self, args, nargs, "_add_writer", TL_POLL_WRITE, 1, &out) < 0)
-        return NULL;
-    return out;
-}
-
-int
-tl_loop_check_fd_transport(LoopObject *self, int fd)
-{
-    PyObject *fdo = PyLong_FromLong(fd);
-    if (fdo == NULL)
-        return -1;
-    int rc = check_no_transport(self, fd, fdo);
-    Py_DECREF(fdo);
-    return rc;
 }
 
 /* callable(*pos, loop=loop, name=name, context=context), each keyword left
@@ -1463,80 +963,6 @@ tl_loop_create_future(LoopObject *self)
                                        NULL, NULL);
     Py_DECREF(cls);
     return fut;
-}
-
-static PyObject *
-loop_check_fd_transport(LoopObject *self, PyObject *fileobj)
-{
-    int fd = fd_from_object(fileobj);
-    if (fd < 0 || check_no_transport(self, fd, fileobj) < 0)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
-/* (fd, reader handle or None, writer handle or None) for a watched fd, else
- * None: what tideloop.Loop._selector.get_key() shows. */
-static PyObject *
-loop_fd_handles(LoopObject *self, PyObject *fileobj)
-{
-    int fd = fd_from_object(fileobj);
-    if (fd < 0)
-        return NULL;
-    if (self->closed || (size_t)fd >= self->fds_cap)
-        Py_RETURN_NONE;
-    tl_fdentry *e = &self->fds[fd];
-    HandleObject *r = e->reader && !e->reader->cancelled ? e->reader : NULL;
-    HandleObject *w = e->writer && !e->writer->cancelled ? e->writer : NULL;
-    if (e->internal || (r == NULL && w == NULL))
-        Py_RETURN_NONE;
-    return Py_BuildValue("(iOO)", fd, r ? (PyObject *)r : Py_None,
-                         w ? (PyObject *)w : Py_None);
-}
-
-/* The fds with a reader or writer (not the loop's own). */
-static PyObject *
-loop_watched_fds(LoopObject *self, PyObject *Py_UNUSED(ignored))
-{
-    PyObject *list = PyList_New(0);
-    if (list == NULL || self->closed)
-        return list;
-    for (size_t fd = 0; fd < self->fds_cap; fd++) {
-        tl_fdentry *e = &self->fds[fd];
-        if (e->internal || (e->reader == NULL && e->writer == NULL))
-            continue;
-        PyObject *v = PyLong_FromSize_t(fd);
-        if (v == NULL || PyList_Append(list, v) < 0) {
-            Py_XDECREF(v);
-            Py_DECREF(list);
-            return NULL;
-        }
-        Py_DECREF(v);
-    }
-    return list;
-}
-
-static PyObject *
-loop_remove_reader(LoopObject *self, PyObject *fd)
-{
-    return remove_io(self, fd, TL_POLL_READ, 1);
-}
-
-static PyObject *
-loop_remove_writer(LoopObject *self, PyObject *fd)
-{
-    return remove_io(self, fd, TL_POLL_WRITE, 1);
-}
-
-static PyObject *
-loop__remove_reader(LoopObject *self, PyObject *fd)
-{
-    return remove_io(self, fd, TL_POLL_READ, 0);
-}
-
-static PyObject *
-loop__remove_writer(LoopObject *self, PyObject *fd)
-{
-    return remove_io(self, fd, TL_POLL_WRITE, 0);
 }
 
 static PyObject *
@@ -1640,7 +1066,7 @@ loop_create_task(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
     if (!fast)
         return call_with_self(st->create_task_stock, (PyObject *)self, args,
                               nargsf, kwnames);
-    if (check_closed(self) < 0)
+    if (tl_check_closed(self) < 0)
         return NULL;
     if (self->task_factory != NULL)
         return create_task_with_factory(self, args[0], name, context);
@@ -1678,14 +1104,14 @@ loop_get_task_factory(LoopObject *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 loop_signal_pipe_open(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
-    if (check_closed(self) < 0 || check_fork(self) < 0)
+    if (tl_check_closed(self) < 0 || tl_check_fork(self) < 0)
         return NULL;
     if (self->signal_wfd >= 0)
         return PyLong_FromLong(self->signal_wfd);
     int p[2];
     if (pipe2(p, O_NONBLOCK | O_CLOEXEC) < 0)
         return PyErr_SetFromErrno(PyExc_OSError);
-    if (register_internal_fd(self, p[0], TL_FD_SIGNAL) < 0) {
+    if (tl_fd_register_internal(self, p[0], TL_FD_SIGNAL) < 0) {
         close(p[0]);
         close(p[1]);
         return NULL;
@@ -1700,7 +1126,7 @@ loop_signal_pipe_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (self->signal_rfd >= 0) {
         if (!self->closed)
-            unregister_internal_fd(self, self->signal_rfd);
+            tl_fd_unregister_internal(self, self->signal_rfd);
         close(self->signal_rfd);
         close(self->signal_wfd);
         self->signal_rfd = self->signal_wfd = -1;
@@ -1734,7 +1160,7 @@ loop_stats(LoopObject *self, PyObject *Py_UNUSED(ignored))
         "timers_fired", (unsigned long long)self->n_timers_fired,
         "slow_callbacks", (unsigned long long)self->n_slow_callbacks,
         "poll_time", self->poll_time,
-        "ready", (Py_ssize_t)self->ready_len,
+        "ready", (Py_ssize_t)self->ready.len,
         "timers", (Py_ssize_t)self->timers.len,
         "fds", (Py_ssize_t)(self->fds_registered - self->fds_internal),
         "backend", tl_poller_name());
@@ -1853,7 +1279,7 @@ loop_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         PyErr_SetFromErrno(PyExc_OSError);
         goto error;
     }
-    if (register_internal_fd(self, self->wakeup_fd, TL_FD_WAKEUP) < 0)
+    if (tl_fd_register_internal(self, self->wakeup_fd, TL_FD_WAKEUP) < 0)
         goto error;
     return (PyObject *)self;
 error:
@@ -1865,14 +1291,13 @@ static int
 loop_traverse(LoopObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
-    for (size_t i = 0; i < self->ready_len; i++)
-        Py_VISIT(self->ready[(self->ready_head + i) & (self->ready_cap - 1)]);
+    int rc = tl_ready_traverse(&self->ready, visit, arg);
+    if (rc == 0)
+        rc = tl_fd_traverse(self, visit, arg);
+    if (rc != 0)
+        return rc;
     for (size_t i = 0; i < self->timers.len; i++)
         Py_VISIT(HANDLE_OF_NODE(self->timers.nodes[i]));
-    for (size_t fd = 0; fd < self->fds_cap; fd++) {
-        Py_VISIT(self->fds[fd].reader);
-        Py_VISIT(self->fds[fd].writer);
-    }
     Py_VISIT(self->current_handle);
     Py_VISIT(self->run_ctx);
     Py_VISIT(self->task_factory);
@@ -1884,14 +1309,11 @@ loop_traverse(LoopObject *self, visitproc visit, void *arg)
 static int
 loop_clear(LoopObject *self)
 {
-    ready_clear(self);
+    tl_ready_clear(&self->ready);
     timers_clear(self);
-    for (size_t fd = 0; fd < self->fds_cap; fd++) {
-        Py_CLEAR(self->fds[fd].reader);
-        Py_CLEAR(self->fds[fd].writer);
-    }
+    tl_fd_clear_all(self);
     Py_CLEAR(self->current_handle);
-    Py_CLEAR(self->spare_bytes);
+    tl_recvbuf_clear(&self->recv);
     Py_CLEAR(self->run_ctx);
     Py_CLEAR(self->task_factory);
     Py_CLEAR(self->signal_handlers);
@@ -1908,7 +1330,7 @@ loop_dealloc(LoopObject *self)
         PyObject_ClearWeakRefs((PyObject *)self);
     loop_clear(self);
     if (self->poller != NULL) {
-        if (is_forked(self))
+        if (tl_loop_is_forked(self))
             tl_poller_abandon(self->poller);
         else
             tl_poller_free(self->poller);
@@ -1921,48 +1343,14 @@ loop_dealloc(LoopObject *self)
     }
     if (self->threadsafe_lock != NULL)
         PyThread_free_lock(self->threadsafe_lock);
-    PyMem_Free(self->ready);
+    PyMem_Free(self->ready.items);
     PyMem_Free(self->fds);
     PyMem_Free(self->events);
     PyMem_Free(self->dirty_fds);
-    PyMem_Free(self->dgram_buf);
+    tl_recvbuf_clear(&self->recv);
     tl_heap_free(&self->timers);
     tp->tp_free(self);
     Py_DECREF(tp);
-}
-
-/* One read of up to max (<= TL_SPARE_SIZE) bytes from fd into the loop's
- * spare bytes object: a large read is handed over in it (shrunk in place,
- * no copy), a small one is copied out and the buffer kept for the next.
- * Returns the byte count with *data set (NULL on EOF), -1 with errno set on
- * a system error (no exception), -2 with an exception set. */
-ssize_t
-tl_loop_read_spare(LoopObject *loop, int fd, size_t max, int use_read,
-                   PyObject **data)
-{
-    *data = NULL;
-    if (loop->spare_bytes == NULL) {
-        loop->spare_bytes = PyBytes_FromStringAndSize(NULL, TL_SPARE_SIZE);
-        if (loop->spare_bytes == NULL)
-            return -2;
-    }
-    char *buf = PyBytes_AS_STRING(loop->spare_bytes);
-    ssize_t n;
-    do {
-        n = use_read ? read(fd, buf, max) : recv(fd, buf, max, 0);
-    } while (n < 0 && errno == EINTR);
-    if (n <= 0)
-        return n;
-    if (n >= TL_HANDOVER_MIN && Py_REFCNT(loop->spare_bytes) == 1) {
-        PyObject *d = loop->spare_bytes;
-        loop->spare_bytes = NULL;
-        if (tl_bytes_resize(&d, n) < 0)
-            return -2;
-        *data = d;
-        return n;
-    }
-    *data = PyBytes_FromStringAndSize(buf, n);
-    return *data == NULL ? -2 : n;
 }
 
 static PyMethodDef loop_methods[] = {
@@ -1994,21 +1382,6 @@ static PyMethodDef loop_methods[] = {
     {"_write_to_self", (PyCFunction)loop_write_to_self, METH_NOARGS, NULL},
     {"close", (PyCFunction)loop_close, METH_NOARGS,
      "Close the loop: drop queued callbacks and release the poller."},
-    {"add_reader", (PyCFunction)(void (*)(void))loop_add_reader, METH_FASTCALL,
-     "add_reader(fd, callback, *args)"},
-    {"add_writer", (PyCFunction)(void (*)(void))loop_add_writer, METH_FASTCALL,
-     "add_writer(fd, callback, *args)"},
-    {"_add_reader", (PyCFunction)(void (*)(void))loop__add_reader, METH_FASTCALL,
-     NULL},
-    {"_add_writer", (PyCFunction)(void (*)(void))loop__add_writer, METH_FASTCALL,
-     NULL},
-    {"remove_reader", (PyCFunction)loop_remove_reader, METH_O, NULL},
-    {"remove_writer", (PyCFunction)loop_remove_writer, METH_O, NULL},
-    {"_remove_reader", (PyCFunction)loop__remove_reader, METH_O, NULL},
-    {"_check_fd_transport", (PyCFunction)loop_check_fd_transport, METH_O, NULL},
-    {"_fd_handles", (PyCFunction)loop_fd_handles, METH_O, NULL},
-    {"_watched_fds", (PyCFunction)loop_watched_fds, METH_NOARGS, NULL},
-    {"_remove_writer", (PyCFunction)loop__remove_writer, METH_O, NULL},
     {"create_future", (PyCFunction)loop_create_future, METH_NOARGS,
      "Create a Future attached to the loop."},
     {"create_task", (PyCFunction)(void (*)(void))loop_create_task,
@@ -2018,29 +1391,6 @@ static PyMethodDef loop_methods[] = {
     {"get_task_factory", (PyCFunction)loop_get_task_factory, METH_NOARGS, NULL},
     {"_signal_pipe_open", (PyCFunction)loop_signal_pipe_open, METH_NOARGS, NULL},
     {"_signal_pipe_close", (PyCFunction)loop_signal_pipe_close, METH_NOARGS, NULL},
-    {"_make_socket_transport",
-     (PyCFunction)(void (*)(void))tl_loop_make_socket_transport,
-     METH_VARARGS | METH_KEYWORDS, NULL},
-    {"_make_datagram_transport",
-     (PyCFunction)(void (*)(void))tl_loop_make_datagram_transport,
-     METH_VARARGS | METH_KEYWORDS, NULL},
-    {"_make_read_pipe_transport",
-     (PyCFunction)(void (*)(void))tl_loop_make_read_pipe_transport,
-     METH_VARARGS | METH_KEYWORDS, NULL},
-    {"_make_write_pipe_transport",
-     (PyCFunction)(void (*)(void))tl_loop_make_write_pipe_transport,
-     METH_VARARGS | METH_KEYWORDS, NULL},
-    {"sock_recv", (PyCFunction)(void (*)(void))tl_loop_sock_recv,
-     METH_FASTCALL | METH_KEYWORDS,
-     "sock_recv(sock, n): receive up to n bytes (awaitable)."},
-    {"sock_recv_into", (PyCFunction)(void (*)(void))tl_loop_sock_recv_into,
-     METH_FASTCALL | METH_KEYWORDS, "sock_recv_into(sock, buf): receive into buf (awaitable)."},
-    {"sock_sendall", (PyCFunction)(void (*)(void))tl_loop_sock_sendall,
-     METH_FASTCALL | METH_KEYWORDS, "sock_sendall(sock, data): send all of data (awaitable)."},
-    {"sock_accept", (PyCFunction)(void (*)(void))tl_loop_sock_accept,
-     METH_FASTCALL | METH_KEYWORDS, "sock_accept(sock): accept a connection (awaitable)."},
-    {"_serve", (PyCFunction)tl_loop_serve, METH_VARARGS,
-     "Start accepting on a listening socket; returns the Listener."},
     {"_make_handle", (PyCFunction)(void (*)(void))loop_make_handle,
      METH_FASTCALL, NULL},
     {"_stats", (PyCFunction)loop_stats, METH_NOARGS,

@@ -1,4 +1,8 @@
-/* Module init, module state, type registration. */
+/* Module init, module state, type registration: the module state's fields
+ * come from the lists in internal.h; the Loop type gets the methods that
+ * the fd table, the transports and the sock_* operations define.
+ *
+ * May call: every file (it registers their types and methods). */
 #include "transport.h"
 
 #include <structmember.h>
@@ -155,10 +159,7 @@ add_compat_table(PyObject *m)
 static int
 make_kwnames(tl_state *st)
 {
-    PyObject *loop_str = PyUnicode_InternFromString("loop");
-    if (loop_str == NULL)
-        return -1;
-    PyObject *names[3] = {loop_str, st->str_name, st->str_context};
+    PyObject *names[3] = {st->str_loop, st->str_name, st->str_context};
     int rc = 0;
     for (int mask = 1; mask < 8 && rc == 0; mask++) {
         PyObject *t = PyTuple_New(((mask & 1) != 0) + ((mask & 2) != 0) + ((mask & 4) != 0));
@@ -171,7 +172,6 @@ make_kwnames(tl_state *st)
                 PyTuple_SET_ITEM(t, k++, Py_NewRef(names[b]));
         st->kwnames[mask] = t;
     }
-    Py_DECREF(loop_str);
     return rc;
 }
 
@@ -185,6 +185,22 @@ module_dict(PyObject **out, const char *name)
     *out = Py_XNewRef(PyModule_GetDict(m));
     Py_DECREF(m);
     return *out == NULL ? -1 : 0;
+}
+
+/* Methods that other files define for the Loop type. */
+static int
+add_methods(PyTypeObject *tp, const PyMethodDef *defs)
+{
+    for (const PyMethodDef *d = defs; d->ml_name != NULL; d++) {
+        PyObject *descr = PyDescr_NewMethod(tp, (PyMethodDef *)d);
+        if (descr == NULL)
+            return -1;
+        int rc = PyObject_SetAttrString((PyObject *)tp, d->ml_name, descr);
+        Py_DECREF(descr);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
 }
 
 /* *out = bool(compat.<name>); -1 with the error set. */
@@ -204,7 +220,7 @@ static int
 core_exec(PyObject *m)
 {
     tl_state *st = PyModule_GetState(m);
-    PyObject *compat = NULL, *flow = NULL;
+    PyObject *compat = NULL;
     int rc = -1;
 
     /* Private names of asyncio come from one place, with fallbacks. */
@@ -212,22 +228,20 @@ core_exec(PyObject *m)
     if (compat == NULL)
         return -1;
 #define FROM_COMPAT(field, attr) \
-    ((st->field = PyObject_GetAttrString(compat, attr)) == NULL)
-    if (FROM_COMPAT(format_callback_source, "format_callback_source") ||
-        FROM_COMPAT(extract_stack, "extract_stack") ||
-        FROM_COMPAT(format_handle, "format_handle") ||
-        FROM_COMPAT(set_result_unless_cancelled, "set_result_unless_cancelled") ||
-        FROM_COMPAT(TransportSocket, "TransportSocket") ||
-        FROM_COMPAT(sendfile_try_native, "SENDFILE_TRY_NATIVE") ||
-        FROM_COMPAT(iscoroutine, "iscoroutine") ||
-        FROM_COMPAT(iscoroutinefunction, "iscoroutinefunction") ||
-        FROM_COMPAT(write_type_error_prefix, "WRITE_TYPE_ERROR_PREFIX") ||
-        FROM_COMPAT(sendto_type_error_prefix, "SENDTO_TYPE_ERROR_PREFIX") ||
-        FROM_COMPAT(ThreadSafeHandle, "ThreadSafeHandle") ||
-        FROM_COMPAT(create_task_stock, "create_task_stock") ||
-        FROM_COMPAT(set_task_name, "set_task_name"))
+    if ((st->field = PyObject_GetAttrString(compat, attr)) == NULL) \
         goto done;
+    TL_STATE_FROM_COMPAT(FROM_COMPAT)
 #undef FROM_COMPAT
+#define IMPORT(field, module, attr) \
+    if (import_attr(&st->field, module, attr) < 0) \
+        goto done;
+    TL_STATE_IMPORTED(IMPORT)
+#undef IMPORT
+#define INTERN(field, text) \
+    if (intern(&st->str_##field, text) < 0) \
+        goto done;
+    TL_STATE_STRINGS(INTERN)
+#undef INTERN
     if (!PyUnicode_Check(st->write_type_error_prefix) ||
         !PyUnicode_Check(st->sendto_type_error_prefix)) {
         PyErr_SetString(PyExc_TypeError,
@@ -250,8 +264,7 @@ core_exec(PyObject *m)
         compat_flag(compat, "WRITELINES_SKIPS_EMPTY", &st->writelines_skips_empty) < 0 ||
         compat_flag(compat, "DGRAM_SENDS_EMPTY", &st->dgram_sends_empty) < 0)
         goto done;
-    if ((flow = PyObject_GetAttrString(compat, "FlowControlMixin")) == NULL ||
-        compat_flag(compat, "SERVER_ATTACH_TAKES_TRANSPORT",
+    if (compat_flag(compat, "SERVER_ATTACH_TAKES_TRANSPORT",
                     &st->server_attach_takes_transport) < 0)
         goto done;
 
@@ -262,7 +275,7 @@ core_exec(PyObject *m)
          (st->ThreadSafeHandleType = add_type(m, &tl_threadsafe_handle_spec,
                                               (PyObject *)st->HandleType)) == NULL) ||
         (st->LoopType = add_type(m, &tl_loop_spec, NULL)) == NULL ||
-        add_transport_types(m, st, flow) < 0 ||
+        add_transport_types(m, st, st->FlowControlMixin) < 0 ||
         (st->ListenerType = add_type(m, &tl_listener_spec, NULL)) == NULL)
         goto done;
     /* Not added to the module: sock_* awaitables are made by the loop only. */
@@ -271,47 +284,16 @@ core_exec(PyObject *m)
     if (st->SockOpType == NULL)
         goto done;
 
-    if (import_attr(&st->Future, "asyncio", "Future") < 0 ||
-        import_attr(&st->Task, "asyncio", "Task") < 0 ||
-        (st->events_module = PyImport_ImportModule("asyncio.events")) == NULL ||
-        import_attr(&st->logger, "asyncio.log", "logger") < 0 ||
-        import_attr(&st->get_asyncgen_hooks, "sys", "get_asyncgen_hooks") < 0 ||
-        import_attr(&st->set_asyncgen_hooks, "sys", "set_asyncgen_hooks") < 0 ||
-        import_attr(&st->BufferedProtocol, "asyncio", "BufferedProtocol") < 0 ||
-        import_attr(&st->socket_socket, "socket", "socket") < 0)
-        goto done;
-
-    if (intern(&st->str_context, "context") < 0 ||
-        intern(&st->str_name, "name") < 0 ||
-        intern(&st->str_call_exception_handler, "call_exception_handler") < 0 ||
-        intern(&st->str_message, "message") < 0 ||
-        intern(&st->str_exception, "exception") < 0 ||
-        intern(&st->str_handle, "handle") < 0 ||
-        intern(&st->str_source_traceback, "source_traceback") < 0 ||
-        intern(&st->str_firstiter, "firstiter") < 0 ||
-        intern(&st->str_finalizer, "finalizer") < 0 ||
-        intern(&st->str_asyncgen_firstiter_hook, "_asyncgen_firstiter_hook") < 0 ||
-        intern(&st->str_asyncgen_finalizer_hook, "_asyncgen_finalizer_hook") < 0 ||
-        intern(&st->str_set_coroutine_origin_tracking,
-               "_set_coroutine_origin_tracking") < 0 ||
-        intern(&st->str_remove_signal_handler, "remove_signal_handler") < 0 ||
-        intern(&st->str_set_running_loop, "_set_running_loop") < 0 ||
-        intern(&st->str_data_received, "data_received") < 0 ||
-        intern(&st->str_datagram_received, "datagram_received") < 0 ||
-        intern(&st->str_done, "done") < 0 ||
-        intern(&st->str_fileno, "fileno") < 0 ||
-        intern(&st->str_result, "result") < 0 ||
-        intern(&st->str_set_result, "set_result") < 0 ||
-        intern(&st->str_set_exception, "set_exception") < 0 ||
-        intern(&st->str_future_blocking, "_asyncio_future_blocking") < 0 ||
-        intern(&st->str_get_buffer, "get_buffer") < 0 ||
-        intern(&st->str_buffer_updated, "buffer_updated") < 0 ||
-        intern(&st->str_get_running_loop, "_get_running_loop") < 0 ||
-        intern(&st->str_Task, "Task") < 0 ||
-        intern(&st->str_set_name, "set_name") < 0 ||
-        intern(&st->str_Future, "Future") < 0 ||
+    if ((st->events_module = PyImport_ImportModule("asyncio.events")) == NULL ||
         module_dict(&st->tasks_dict, "asyncio.tasks") < 0 ||
         module_dict(&st->futures_dict, "asyncio.futures") < 0)
+        goto done;
+    if (add_methods(st->LoopType, tl_fd_loop_methods) < 0 ||
+        add_methods(st->LoopType, tl_stream_loop_methods) < 0 ||
+        add_methods(st->LoopType, tl_listener_loop_methods) < 0 ||
+        add_methods(st->LoopType, tl_dgram_loop_methods) < 0 ||
+        add_methods(st->LoopType, tl_pipe_loop_methods) < 0 ||
+        add_methods(st->LoopType, tl_sockop_loop_methods) < 0)
         goto done;
     if (make_kwnames(st) < 0 ||
         PyModule_AddStringConstant(m, "poller_backend", tl_poller_name()) < 0 ||
@@ -322,9 +304,31 @@ core_exec(PyObject *m)
     rc = 0;
 done:
     Py_XDECREF(compat);
-    Py_XDECREF(flow);
     return rc;
 }
+
+/* Traverse and clear every object field of the state (the lists of
+ * internal.h). */
+#define TL_EACH_STATE_OBJECT(st, OP)                         \
+    do {                                                     \
+        TL_STATE_TYPES(OP##_1)                               \
+        TL_STATE_FROM_COMPAT(OP##_2)                         \
+        TL_STATE_IMPORTED(OP##_3)                            \
+        TL_STATE_STRINGS(OP##_STR)                           \
+        TL_STATE_OTHER_OBJECTS(OP##_1)                       \
+        for (int i_ = 0; i_ < 8; i_++)                       \
+            OP((st)->kwnames[i_]);                           \
+    } while (0)
+#define VISIT(o) Py_VISIT(o)
+#define VISIT_1(f) Py_VISIT(st->f);
+#define VISIT_2(f, a) Py_VISIT(st->f);
+#define VISIT_3(f, m, a) Py_VISIT(st->f);
+#define VISIT_STR(f, s) Py_VISIT(st->str_##f);
+#define CLEAR(o) Py_CLEAR(o)
+#define CLEAR_1(f) Py_CLEAR(st->f);
+#define CLEAR_2(f, a) Py_CLEAR(st->f);
+#define CLEAR_3(f, m, a) Py_CLEAR(st->f);
+#define CLEAR_STR(f, s) Py_CLEAR(st->str_##f);
 
 static int
 core_traverse(PyObject *m, visitproc visit, void *arg)
@@ -332,43 +336,7 @@ core_traverse(PyObject *m, visitproc visit, void *arg)
     tl_state *st = PyModule_GetState(m);
     if (st == NULL)
         return 0;
-    Py_VISIT(st->LoopType);
-    Py_VISIT(st->HandleType);
-    Py_VISIT(st->TimerHandleType);
-    Py_VISIT(st->SocketTransportType);
-    Py_VISIT(st->DatagramTransportType);
-    Py_VISIT(st->ReadPipeTransportType);
-    Py_VISIT(st->WritePipeTransportType);
-    Py_VISIT(st->ListenerType);
-    Py_VISIT(st->SockOpType);
-    Py_VISIT(st->BufferedProtocol);
-    Py_VISIT(st->TransportSocket);
-    Py_VISIT(st->socket_socket);
-    Py_VISIT(st->SSLSocket);
-    Py_VISIT(st->set_result_unless_cancelled);
-    Py_VISIT(st->sendfile_try_native);
-    Py_VISIT(st->Future);
-    Py_VISIT(st->Task);
-    Py_VISIT(st->ThreadSafeHandle);
-    Py_VISIT(st->ThreadSafeHandleType);
-    Py_VISIT(st->create_task_stock);
-    Py_VISIT(st->set_task_name);
-    Py_VISIT(st->str_Task);
-    Py_VISIT(st->str_Future);
-    Py_VISIT(st->tasks_dict);
-    Py_VISIT(st->futures_dict);
-    Py_VISIT(st->events_module);
-    Py_VISIT(st->format_callback_source);
-    Py_VISIT(st->extract_stack);
-    Py_VISIT(st->iscoroutine);
-    Py_VISIT(st->iscoroutinefunction);
-    Py_VISIT(st->logger);
-    Py_VISIT(st->format_handle);
-    Py_VISIT(st->write_type_error_prefix);
-    Py_VISIT(st->sendto_type_error_prefix);
-    Py_VISIT(st->get_asyncgen_hooks);
-    Py_VISIT(st->set_asyncgen_hooks);
-    Py_VISIT(st->empty_vars);
+    TL_EACH_STATE_OBJECT(st, VISIT);
     return 0;
 }
 
@@ -381,71 +349,7 @@ core_clear(PyObject *m)
     /* First, while the types the recycled handles point to are alive. */
     if (st->HandleType != NULL)
         tl_handle_free_list(st);
-    Py_CLEAR(st->LoopType);
-    Py_CLEAR(st->HandleType);
-    Py_CLEAR(st->TimerHandleType);
-    Py_CLEAR(st->SocketTransportType);
-    Py_CLEAR(st->DatagramTransportType);
-    Py_CLEAR(st->ReadPipeTransportType);
-    Py_CLEAR(st->WritePipeTransportType);
-    Py_CLEAR(st->ListenerType);
-    Py_CLEAR(st->SockOpType);
-    Py_CLEAR(st->BufferedProtocol);
-    Py_CLEAR(st->TransportSocket);
-    Py_CLEAR(st->socket_socket);
-    Py_CLEAR(st->SSLSocket);
-    Py_CLEAR(st->set_result_unless_cancelled);
-    Py_CLEAR(st->sendfile_try_native);
-    Py_CLEAR(st->Future);
-    Py_CLEAR(st->Task);
-    Py_CLEAR(st->ThreadSafeHandle);
-    Py_CLEAR(st->ThreadSafeHandleType);
-    Py_CLEAR(st->str_Task);
-    Py_CLEAR(st->str_Future);
-    Py_CLEAR(st->tasks_dict);
-    Py_CLEAR(st->futures_dict);
-    Py_CLEAR(st->events_module);
-    Py_CLEAR(st->format_callback_source);
-    Py_CLEAR(st->extract_stack);
-    Py_CLEAR(st->iscoroutine);
-    Py_CLEAR(st->iscoroutinefunction);
-    Py_CLEAR(st->logger);
-    Py_CLEAR(st->format_handle);
-    Py_CLEAR(st->write_type_error_prefix);
-    Py_CLEAR(st->sendto_type_error_prefix);
-    Py_CLEAR(st->get_asyncgen_hooks);
-    Py_CLEAR(st->set_asyncgen_hooks);
-    for (int i = 0; i < 8; i++)
-        Py_CLEAR(st->kwnames[i]);
-    Py_CLEAR(st->empty_vars);
-    Py_CLEAR(st->str_context);
-    Py_CLEAR(st->str_name);
-    Py_CLEAR(st->str_call_exception_handler);
-    Py_CLEAR(st->str_message);
-    Py_CLEAR(st->str_exception);
-    Py_CLEAR(st->str_handle);
-    Py_CLEAR(st->str_source_traceback);
-    Py_CLEAR(st->str_firstiter);
-    Py_CLEAR(st->str_finalizer);
-    Py_CLEAR(st->str_asyncgen_firstiter_hook);
-    Py_CLEAR(st->str_asyncgen_finalizer_hook);
-    Py_CLEAR(st->str_set_coroutine_origin_tracking);
-    Py_CLEAR(st->str_remove_signal_handler);
-    Py_CLEAR(st->str_set_running_loop);
-    Py_CLEAR(st->str_data_received);
-    Py_CLEAR(st->str_done);
-    Py_CLEAR(st->str_fileno);
-    Py_CLEAR(st->str_result);
-    Py_CLEAR(st->str_set_result);
-    Py_CLEAR(st->str_set_exception);
-    Py_CLEAR(st->str_future_blocking);
-    Py_CLEAR(st->str_get_buffer);
-    Py_CLEAR(st->str_buffer_updated);
-    Py_CLEAR(st->str_datagram_received);
-    Py_CLEAR(st->str_get_running_loop);
-    Py_CLEAR(st->create_task_stock);
-    Py_CLEAR(st->set_task_name);
-    Py_CLEAR(st->str_set_name);
+    TL_EACH_STATE_OBJECT(st, CLEAR);
     return 0;
 }
 

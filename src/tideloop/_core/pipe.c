@@ -3,10 +3,12 @@
  * Behaviour follows asyncio's _UnixReadPipeTransport and
  * _UnixWritePipeTransport (unix_events.py): the same callbacks in the same
  * order, the same errors and log messages.  The machinery (registration,
- * the write queue, flow control, extra info, finalisation) is the socket
- * transports' (transport.h); reads use the loop's spare bytes as the stream
+ * the write queue, flow control, extra info, finalisation) is the shared
+ * one (transport.c); reads use the loop's spare bytes as the stream
  * transports do, writes are tried at once and the rest is flushed with
- * writev(). */
+ * writev().
+ *
+ * May call: transport.c, loop.c, recvbuf.c. */
 #define _GNU_SOURCE
 #include "transport.h"
 
@@ -16,14 +18,22 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+typedef struct {
+    TransportObject base;
+    int lost_scheduled;         /* connection_lost is on its way */
+    int watch_peer;             /* write end: the peer closing is visible */
+} PipeTransportObject;
+
+#define PIPE(o) ((PipeTransportObject *)(o))
+
 /* asyncio's pipe _close(exc): stop watching, drop the queue, and schedule
  * connection_lost -- once (asyncio would schedule it twice on a second
  * abort(), and the second call would fail on a cleared protocol). */
-int
-tl_pipe_close(SocketTransportObject *self, PyObject *exc)
+static int
+pipe_close(TransportObject *self, PyObject *exc)
 {
     self->head.closing = 1;
-    if (self->lost_scheduled)
+    if (PIPE(self)->lost_scheduled)
         return 0;
     if (self->wq_len) {
         if (tl_tr_remove_writer(self) < 0)
@@ -32,12 +42,12 @@ tl_pipe_close(SocketTransportObject *self, PyObject *exc)
     tl_wq_clear(self);
     if (tl_tr_remove_reader(self) < 0)
         return -1;
-    self->lost_scheduled = 1;
+    PIPE(self)->lost_scheduled = 1;
     return tl_tr_schedule_connection_lost(self, exc);
 }
 
 static int
-log_closed_by_peer(SocketTransportObject *self)
+log_closed_by_peer(TransportObject *self)
 {
     if (!self->loop->debug)
         return 0;
@@ -50,7 +60,7 @@ log_closed_by_peer(SocketTransportObject *self)
 }
 
 static PyObject *
-pipe_close_meth_result(int rc)
+none_or_null(int rc)
 {
     if (rc < 0)
         return NULL;
@@ -59,41 +69,40 @@ pipe_close_meth_result(int rc)
 
 /* ---- the read end ---- */
 
-static PyObject *
-rp_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+static int
+rp_read_ready(PyObject *obj)
 {
-    if (self->fd < 0 || self->lost_scheduled)
-        Py_RETURN_NONE;
+    TransportObject *self = (TransportObject *)obj;
+    if (self->fd < 0 || PIPE(self)->lost_scheduled)
+        return 0;
     LoopObject *loop = self->loop;
     PyObject *data;
-    ssize_t n = tl_loop_read_spare(loop, self->fd, TL_SPARE_SIZE, 1, &data);
-    if (n == -2)
-        return NULL;
-    if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-            Py_RETURN_NONE;
-        PyObject *exc = tl_tr_os_error();
-        int rc = tl_tr_fatal_error(self, exc, "Fatal read error on pipe transport");
-        Py_XDECREF(exc);
-        return pipe_close_meth_result(rc);
+    int err;
+    if (tl_recv_spare(&loop->recv, self->fd, TL_SPARE_SIZE, 1, &data, &err) < 0)
+        return -1;
+    if (data == NULL && err != 0) {
+        if (err == EAGAIN || err == EWOULDBLOCK)
+            return 0;
+        return tl_tr_fatal_errno(self, err, "Fatal read error on pipe transport");
     }
-    if (n == 0) {
+    if (data == NULL) {
         /* EOF: eof_received and connection_lost follow, each in its own
          * callback, whatever eof_received returns. */
         if (log_closed_by_peer(self) < 0)
-            return NULL;
+            return -1;
         self->head.closing = 1;
         if (tl_tr_remove_reader(self) < 0)
-            return NULL;
-        PyObject *eof = PyObject_GetAttrString(self->protocol, "eof_received");
+            return -1;
+        PyObject *eof = PyObject_GetAttr(self->protocol,
+                                         loop->state->str_eof_received);
         if (eof == NULL)
-            return NULL;
+            return -1;
         int rc = tl_loop_call_soon(loop, eof, NULL, 0);
         Py_DECREF(eof);
         if (rc < 0)
-            return NULL;
-        self->lost_scheduled = 1;
-        return pipe_close_meth_result(tl_tr_schedule_connection_lost(self, NULL));
+            return -1;
+        PIPE(self)->lost_scheduled = 1;
+        return tl_tr_schedule_connection_lost(self, NULL);
     }
     /* As in asyncio, an exception from data_received is the callback's. */
     PyObject *args[2] = {self->protocol, data};
@@ -101,22 +110,20 @@ rp_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
         loop->state->str_data_received, args,
         2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     Py_DECREF(data);
-    if (r == NULL)
-        return NULL;
-    Py_DECREF(r);
-    Py_RETURN_NONE;
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
 }
 
 static PyObject *
-rp_close(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+rp_close(TransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (self->head.closing)
         Py_RETURN_NONE;
-    return pipe_close_meth_result(tl_pipe_close(self, NULL));
+    return none_or_null(pipe_close(self, NULL));
 }
 
 static PyObject *
-pipe_repr(SocketTransportObject *self)
+pipe_repr(TransportObject *self)
 {
     const char *state = self->fd < 0 ? " closed" : self->head.closing ? " closing" : "";
     const char *name = tl_type_name(Py_TYPE(self));
@@ -125,7 +132,7 @@ pipe_repr(SocketTransportObject *self)
                                     self->fd);
     if (self->loop->closed)   /* what asyncio shows without a selector */
         return PyUnicode_FromFormat("<%s%s fd=%d open>", name, state, self->fd);
-    if (self->kind == TL_TR_READ_PIPE)
+    if (self->ops->write_ready == NULL)   /* the read end */
         return PyUnicode_FromFormat(
             "<%s%s fd=%d %s>", name, state, self->fd,
             (self->watching & TL_POLL_READ) ? "polling" : "idle");
@@ -137,17 +144,8 @@ pipe_repr(SocketTransportObject *self)
 
 /* ---- the write end ---- */
 
-static int
-wp_fatal_write(SocketTransportObject *self)
-{
-    PyObject *exc = tl_tr_fetch_exception();
-    int rc = tl_tr_fatal_error(self, exc, "Fatal write error on pipe transport");
-    Py_XDECREF(exc);
-    return rc;
-}
-
 static PyObject *
-wp_write(SocketTransportObject *self, PyObject *data)
+wp_write(TransportObject *self, PyObject *data)
 {
     /* asyncio asserts the type here. */
     if (!PyBytes_Check(data) && !PyByteArray_Check(data) &&
@@ -164,24 +162,15 @@ wp_write(SocketTransportObject *self, PyObject *data)
     Py_ssize_t size = PyObject_Length(data);
     if (size <= 0)
         return size < 0 ? NULL : Py_NewRef(Py_None);
-    if (self->conn_lost || self->head.closing) {
-        if (self->conn_lost >= LOG_THRESHOLD_FOR_CONNLOST_WRITES) {
-            PyObject *r = PyObject_CallMethod(
-                self->loop->state->logger, "warning", "s",
-                "pipe closed by peer or os.write(pipe, data) raised exception.");
-            if (r == NULL)
-                return NULL;
-            Py_DECREF(r);
-        }
-        self->conn_lost++;
-        Py_RETURN_NONE;
-    }
+    if (self->conn_lost || self->head.closing)
+        return none_or_null(tl_tr_count_lost_write(
+            self, "pipe closed by peer or os.write(pipe, data) raised exception."));
     Py_buffer view;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
-        if (tl_tr_unusable_buffer(self, "Fatal write error on pipe transport",
-                                  "can't concat memoryview to bytearray") < 0)
-            return NULL;
-        Py_RETURN_NONE;
+        int lost;
+        return none_or_null(tl_tr_unusable_buffer(
+            self, "Fatal write error on pipe transport",
+            "can't concat memoryview to bytearray", &lost));
     }
     int rc = 0;
     const char *p = view.buf;
@@ -193,9 +182,10 @@ wp_write(SocketTransportObject *self, PyObject *data)
         } while (n < 0 && errno == EINTR);
         if (n < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK) {
-                PyErr_SetFromErrno(PyExc_OSError);
+                int err = errno;
                 self->conn_lost++;
-                rc = wp_fatal_write(self);
+                rc = tl_tr_fatal_errno(self, err,
+                                       "Fatal write error on pipe transport");
                 goto done;
             }
             n = 0;
@@ -219,11 +209,12 @@ done:
     Py_RETURN_NONE;
 }
 
-static PyObject *
-wp_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+static int
+wp_write_ready(PyObject *obj)
 {
+    TransportObject *self = (TransportObject *)obj;
     if (self->fd < 0 || self->wq_len == 0)
-        Py_RETURN_NONE;
+        return 0;
     struct iovec iov[TL_WRITEV_MAX];
     int cnt = tl_wq_iov(self, iov);
     ssize_t n;
@@ -232,73 +223,69 @@ wp_write_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
     } while (n < 0 && errno == EINTR);
     if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK)
-            Py_RETURN_NONE;
-        PyErr_SetFromErrno(PyExc_OSError);
+            return 0;
+        int err = errno;
         tl_wq_clear(self);
         self->conn_lost++;
-        PyObject *exc = tl_tr_fetch_exception();
-        int rc = tl_tr_remove_writer(self);
-        if (rc == 0)
-            rc = tl_tr_fatal_error(self, exc, "Fatal write error on pipe transport");
-        Py_XDECREF(exc);
-        return pipe_close_meth_result(rc);
+        if (tl_tr_remove_writer(self) < 0)
+            return -1;
+        return tl_tr_fatal_errno(self, err, "Fatal write error on pipe transport");
     }
     tl_wq_consume(self, n);
     if (self->wq_len)
-        Py_RETURN_NONE;
-    if (tl_tr_remove_writer(self) < 0)
-        return NULL;
-    if (tl_tr_maybe_resume_protocol(self) < 0)   /* may write more */
-        return NULL;
-    if (self->head.closing && !self->lost_scheduled) {
+        return 0;
+    if (tl_tr_remove_writer(self) < 0 ||
+        tl_tr_maybe_resume_protocol(self) < 0)   /* may write more */
+        return -1;
+    if (self->head.closing && !PIPE(self)->lost_scheduled) {
         if (tl_tr_remove_reader(self) < 0)
-            return NULL;
-        self->lost_scheduled = 1;
-        return tl_tr_call_connection_lost(self, Py_None);
+            return -1;
+        PIPE(self)->lost_scheduled = 1;
+        return tl_tr_connection_lost(self, Py_None);
     }
-    Py_RETURN_NONE;
+    return 0;
 }
 
 /* The read end of the pipe going away shows as "readable" on the write
  * end (FIFOs and sockets): the peer closed. */
-static PyObject *
-wp_read_ready(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+static int
+wp_read_ready(PyObject *obj)
 {
-    if (self->fd < 0 || self->lost_scheduled)
-        Py_RETURN_NONE;
+    TransportObject *self = (TransportObject *)obj;
+    if (self->fd < 0 || PIPE(self)->lost_scheduled)
+        return 0;
     if (log_closed_by_peer(self) < 0)
-        return NULL;
-    if (self->wq_len) {
-        PyObject *exc = PyObject_CallNoArgs(PyExc_BrokenPipeError);
-        if (exc == NULL)
-            return NULL;
-        int rc = tl_pipe_close(self, exc);
-        Py_DECREF(exc);
-        return pipe_close_meth_result(rc);
-    }
-    return pipe_close_meth_result(tl_pipe_close(self, NULL));
+        return -1;
+    if (self->wq_len == 0)
+        return pipe_close(self, NULL);
+    PyObject *exc = PyObject_CallNoArgs(PyExc_BrokenPipeError);
+    if (exc == NULL)
+        return -1;
+    int rc = pipe_close(self, exc);
+    Py_DECREF(exc);
+    return rc;
 }
 
 /* Scheduled after connection_made: watch for the peer closing. */
 static PyObject *
-wp_start_reading(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+wp_start_reading(TransportObject *self, PyObject *Py_UNUSED(ignored))
 {
-    if (self->pipe_watch_peer && self->fd >= 0 && !self->lost_scheduled &&
+    if (PIPE(self)->watch_peer && self->fd >= 0 && !PIPE(self)->lost_scheduled &&
         tl_tr_add_reader(self) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
 static PyObject *
-wp_write_eof(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+wp_write_eof(TransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (self->head.closing)
         Py_RETURN_NONE;
     self->head.closing = 1;
-    if (self->wq_len == 0 && !self->lost_scheduled) {
+    if (self->wq_len == 0 && !PIPE(self)->lost_scheduled) {
         if (tl_tr_remove_reader(self) < 0)
             return NULL;
-        self->lost_scheduled = 1;
+        PIPE(self)->lost_scheduled = 1;
         if (tl_tr_schedule_connection_lost(self, NULL) < 0)
             return NULL;
     }
@@ -306,14 +293,14 @@ wp_write_eof(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 }
 
 static PyObject *
-wp_can_write_eof(SocketTransportObject *Py_UNUSED(self),
+wp_can_write_eof(TransportObject *Py_UNUSED(self),
                  PyObject *Py_UNUSED(ignored))
 {
     Py_RETURN_TRUE;
 }
 
 static PyObject *
-wp_close(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+wp_close(TransportObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (self->fd < 0 || self->head.closing)
         Py_RETURN_NONE;
@@ -321,18 +308,31 @@ wp_close(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
 }
 
 static PyObject *
-wp_abort(SocketTransportObject *self, PyObject *Py_UNUSED(ignored))
+wp_abort(TransportObject *self, PyObject *Py_UNUSED(ignored))
 {
-    return pipe_close_meth_result(tl_pipe_close(self, NULL));
+    return none_or_null(pipe_close(self, NULL));
 }
 
 /* ---- construction ---- */
 
 /* Loop._make_read_pipe_transport / _make_write_pipe_transport(pipe,
  * protocol, waiter=None, extra=None) */
+static const tl_transport_ops read_pipe_ops = {
+    .read_ready = rp_read_ready,
+    .close_after_error = pipe_close,
+    .quiet_errno = EIO,     /* the read end only keeps quiet about EIO */
+};
+
+static const tl_transport_ops write_pipe_ops = {
+    .read_ready = wp_read_ready,
+    .write_ready = wp_write_ready,
+    .close_after_error = pipe_close,
+    .unusable_buffer_loses = 1,
+};
+
 static PyObject *
 make_pipe_transport(PyObject *loopobj, PyObject *args, PyObject *kwds,
-                    int kind)
+                    int readable)
 {
     static char *kwlist[] = {"pipe", "protocol", "waiter", "extra", NULL};
     PyObject *pipe, *protocol, *waiter = Py_None, *extra = Py_None;
@@ -356,7 +356,7 @@ make_pipe_transport(PyObject *loopobj, PyObject *args, PyObject *kwds,
         is_char = S_ISCHR(sb.st_mode);
     if (!(is_fifo || is_sock || is_char)) {
         PyErr_SetString(PyExc_ValueError,
-                        kind == TL_TR_READ_PIPE
+                        readable
                             ? "Pipe transport is for pipes/sockets only."
                             : "Pipe transport is only for pipes, sockets and "
                               "character devices");
@@ -373,36 +373,46 @@ make_pipe_transport(PyObject *loopobj, PyObject *args, PyObject *kwds,
         Py_DECREF(xtra);
         return NULL;
     }
-    PyTypeObject *tp = kind == TL_TR_READ_PIPE ? st->ReadPipeTransportType
-                                               : st->WritePipeTransportType;
-    SocketTransportObject *tr = tl_tr_create(loop, tp, kind, fd, pipe, 0, 0, 0,
-                                             protocol, waiter, xtra, NULL, NULL, 0);
+    TransportObject *tr = tl_tr_create(
+        loop, readable ? st->ReadPipeTransportType : st->WritePipeTransportType,
+        readable ? &read_pipe_ops : &write_pipe_ops, fd, pipe, 0, 0, 0,
+        protocol, waiter, xtra, NULL, NULL, 0);
     Py_DECREF(xtra);
     if (tr == NULL)
         return NULL;
     /* asyncio's AIX exception aside: FIFOs and sockets report the peer
      * closing as readability of the write end (watched from _start_reading,
      * which runs after connection_made). */
-    tr->pipe_watch_peer = is_sock || is_fifo;
+    PIPE(tr)->watch_peer = is_sock || is_fifo;
     return (PyObject *)tr;
 }
 
-PyObject *
-tl_loop_make_read_pipe_transport(PyObject *loop, PyObject *args, PyObject *kwds)
+static PyObject *
+loop_make_read_pipe_transport(PyObject *loop, PyObject *args, PyObject *kwds)
 {
-    return make_pipe_transport(loop, args, kwds, TL_TR_READ_PIPE);
+    return make_pipe_transport(loop, args, kwds, 1);
 }
 
-PyObject *
-tl_loop_make_write_pipe_transport(PyObject *loop, PyObject *args, PyObject *kwds)
+static PyObject *
+loop_make_write_pipe_transport(PyObject *loop, PyObject *args, PyObject *kwds)
 {
-    return make_pipe_transport(loop, args, kwds, TL_TR_WRITE_PIPE);
+    return make_pipe_transport(loop, args, kwds, 0);
 }
+
+const PyMethodDef tl_pipe_loop_methods[] = {
+    {"_make_read_pipe_transport",
+     (PyCFunction)(void (*)(void))loop_make_read_pipe_transport,
+     METH_VARARGS | METH_KEYWORDS, NULL},
+    {"_make_write_pipe_transport",
+     (PyCFunction)(void (*)(void))loop_make_write_pipe_transport,
+     METH_VARARGS | METH_KEYWORDS, NULL},
+    {NULL}
+};
 
 /* ---- attributes ---- */
 
 static PyObject *
-pipe_get_pipe(SocketTransportObject *self, void *Py_UNUSED(c))
+pipe_get_pipe(TransportObject *self, void *Py_UNUSED(c))
 {
     if (self->fd < 0 || self->sock == NULL)
         Py_RETURN_NONE;
@@ -412,7 +422,7 @@ pipe_get_pipe(SocketTransportObject *self, void *Py_UNUSED(c))
 /* `transport._pipe = None` forgets the pipe (asyncio's __del__ then has
  * nothing to warn about or close); the caller closes it. */
 static int
-pipe_set_pipe(SocketTransportObject *self, PyObject *value, void *Py_UNUSED(c))
+pipe_set_pipe(TransportObject *self, PyObject *value, void *Py_UNUSED(c))
 {
     if (value != Py_None) {
         PyErr_SetString(PyExc_AttributeError, "_pipe can only be set to None");
@@ -429,7 +439,7 @@ pipe_set_pipe(SocketTransportObject *self, PyObject *value, void *Py_UNUSED(c))
 }
 
 static PyObject *
-pipe_get_fileno(SocketTransportObject *self, void *Py_UNUSED(c))
+pipe_get_fileno(TransportObject *self, void *Py_UNUSED(c))
 {
     return PyLong_FromLong(self->fd);
 }
@@ -437,32 +447,15 @@ pipe_get_fileno(SocketTransportObject *self, void *Py_UNUSED(c))
 static PyGetSetDef pipe_getset[] = {
     {"_pipe", (getter)pipe_get_pipe, (setter)pipe_set_pipe, NULL, NULL},
     {"_fileno", (getter)pipe_get_fileno, NULL, NULL, NULL},
-    {"_loop", (getter)tl_tr_get_loop_attr, NULL, NULL, NULL},
-    {"_closing", (getter)tl_tr_get_closing_attr, NULL, NULL, NULL},
-    {"_paused", (getter)tl_tr_get_paused_attr, NULL, NULL, NULL},
-    {"_conn_lost", (getter)tl_tr_get_conn_lost, NULL, NULL, NULL},
-    {"_protocol", (getter)tl_tr_get_protocol, NULL, NULL, NULL},
-    {"_protocol_paused", (getter)tl_tr_get_protocol_paused, NULL, NULL, NULL},
+    TL_TR_BASE_GETSET,
     {NULL}
 };
 
-#define COMMON_METHODS \
-    {"is_closing", (PyCFunction)tl_tr_is_closing_meth, METH_NOARGS, NULL}, \
-    {"get_extra_info", (PyCFunction)(void (*)(void))tl_tr_get_extra_info, \
-     METH_FASTCALL | METH_KEYWORDS, NULL}, \
-    {"get_protocol", (PyCFunction)tl_tr_get_protocol, METH_NOARGS, NULL}, \
-    {"set_protocol", (PyCFunction)tl_tr_set_protocol, METH_O, NULL}, \
-    {"_call_connection_lost", (PyCFunction)tl_tr_call_connection_lost, METH_O, \
-     NULL}
-
 static PyMethodDef rp_methods[] = {
     {"close", (PyCFunction)rp_close, METH_NOARGS, NULL},
-    {"is_reading", (PyCFunction)tl_tr_is_reading_meth, METH_NOARGS, NULL},
-    {"pause_reading", (PyCFunction)tl_tr_pause_reading, METH_NOARGS, NULL},
     {"resume_reading", (PyCFunction)tl_tr_resume_reading, METH_NOARGS, NULL},
-    {"_read_ready", (PyCFunction)rp_read_ready, METH_NOARGS, NULL},
-    {"_start_reading", (PyCFunction)tl_tr_start_reading, METH_NOARGS, NULL},
-    COMMON_METHODS,
+    TL_TR_READ_METHODS,
+    TL_TR_BASE_METHODS,
     {NULL}
 };
 
@@ -472,17 +465,10 @@ static PyMethodDef wp_methods[] = {
     {"can_write_eof", (PyCFunction)wp_can_write_eof, METH_NOARGS, NULL},
     {"close", (PyCFunction)wp_close, METH_NOARGS, NULL},
     {"abort", (PyCFunction)wp_abort, METH_NOARGS, NULL},
-    {"get_write_buffer_size", (PyCFunction)tl_tr_get_write_buffer_size,
-     METH_NOARGS, NULL},
-    {"get_write_buffer_limits", (PyCFunction)tl_tr_get_write_buffer_limits,
-     METH_NOARGS, NULL},
-    {"set_write_buffer_limits",
-     (PyCFunction)(void (*)(void))tl_tr_set_write_buffer_limits,
-     METH_VARARGS | METH_KEYWORDS, NULL},
-    {"_read_ready", (PyCFunction)wp_read_ready, METH_NOARGS, NULL},
-    {"_write_ready", (PyCFunction)wp_write_ready, METH_NOARGS, NULL},
+    {"_read_ready", (PyCFunction)tl_tr_read_ready_meth, METH_NOARGS, NULL},
     {"_start_reading", (PyCFunction)wp_start_reading, METH_NOARGS, NULL},
-    COMMON_METHODS,
+    TL_TR_WRITE_METHODS,
+    TL_TR_BASE_METHODS,
     {NULL}
 };
 
@@ -497,7 +483,7 @@ static PyType_Slot wp_slots[] = {
 };
 
 PyType_Spec tl_read_pipe_transport_spec =
-    TL_TR_SPEC("tideloop.ReadPipeTransport", rp_slots);
+    TL_TR_SPEC("tideloop.ReadPipeTransport", PipeTransportObject, rp_slots);
 
 PyType_Spec tl_write_pipe_transport_spec =
-    TL_TR_SPEC("tideloop.WritePipeTransport", wp_slots);
+    TL_TR_SPEC("tideloop.WritePipeTransport", PipeTransportObject, wp_slots);

@@ -1,6 +1,10 @@
-/* Socket addresses as Python objects, the way the socket module shows them. */
+/* Socket addresses as Python objects, the way the socket module shows them,
+ * and what the core reads off a socket object.
+ *
+ * May call: nothing of the core (a leaf). */
 #include "internal.h"
 
+#include <limits.h>
 #include <netdb.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -44,4 +48,55 @@ tl_sockaddr_to_py(const struct sockaddr *sa, unsigned int len)
         return Py_BuildValue("(iy#)", sa->sa_family, sa->sa_data,
                              (Py_ssize_t)sizeof(sa->sa_data));
     }
+}
+
+/* An int attribute or method result of obj as a C int. */
+static int
+as_int(PyObject *v, int *out)
+{
+    if (v == NULL)
+        return -1;
+    long l = PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (l == -1 && PyErr_Occurred())
+        return -1;
+    if (l < INT_MIN || l > INT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "value out of range for a C int");
+        return -1;
+    }
+    *out = (int)l;
+    return 0;
+}
+
+int
+tl_call_fileno(tl_state *st, PyObject *obj, int *fd)
+{
+    return as_int(PyObject_CallMethodNoArgs(obj, st->str_fileno), fd);
+}
+
+int
+tl_sock_info(tl_state *st, PyObject *sock, int *fd, int *family, int *type,
+             int *proto)
+{
+    if ((family != NULL &&
+         as_int(PyObject_GetAttr(sock, st->str_family), family) < 0) ||
+        (type != NULL && as_int(PyObject_GetAttr(sock, st->str_type), type) < 0) ||
+        (proto != NULL &&
+         as_int(PyObject_GetAttr(sock, st->str_proto), proto) < 0) ||
+        (fd != NULL && tl_call_fileno(st, sock, fd) < 0))
+        return -1;
+    return 0;
+}
+
+int
+tl_recv_into_buffer(PyObject *buf, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(buf, view, PyBUF_WRITABLE) == 0)
+        return 0;
+    /* Word it as socket.recv_into() would. */
+    PyErr_Clear();
+    PyErr_Format(PyExc_TypeError,
+                 "recv_into() argument 'buffer' must be read-write "
+                 "bytes-like object, not %.50s", Py_TYPE(buf)->tp_name);
+    return -1;
 }

@@ -4,7 +4,13 @@
  * tell: it has __await__, send, throw and close) that tries the syscall when
  * first run and only when it would block creates a future, watches the fd
  * and yields the future to the task.  The fd callback retries the syscall
- * and resolves the future; a cancelled wait leaves no reader or writer. */
+ * and resolves the future; a cancelled wait leaves no reader or writer.
+ *
+ * The wait is a one-shot Handle in the fd table, as asyncio's sock_* methods
+ * wait through add_reader: another add_reader on the fd replaces (cancels)
+ * it, and the operation sees that.
+ *
+ * May call: fdtable.c, handle.c, loop.c, recvbuf.c, sockaddr.c. */
 #define _GNU_SOURCE
 #include "internal.h"
 
@@ -12,13 +18,22 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-enum { OP_RECV, OP_RECV_INTO, OP_SENDALL, OP_ACCEPT };
 enum { ST_NEW, ST_WAITING, ST_DONE };
 
-static const char *const op_names[] = {"sock_recv", "sock_recv_into",
-                                       "sock_sendall", "sock_accept"};
+typedef struct SockOpObject SockOpObject;
 
+/* What each operation does: its argument checks (when first run, as in
+ * asyncio's coroutines) and one try of its syscall (*res: the result, or
+ * NULL when it would block). */
 typedef struct {
+    const char *name;           /* "sock_recv" */
+    const char *argname;        /* its argument after sock, or NULL */
+    int which;                  /* the fd event it waits for */
+    int (*prepare)(SockOpObject *self);
+    int (*attempt)(SockOpObject *self, PyObject **res);
+} sockop_def;
+
+struct SockOpObject {
     PyObject_HEAD
     LoopObject *loop;
     PyObject *sock;
@@ -30,32 +45,24 @@ typedef struct {
     Py_ssize_t nbytes;          /* recv size */
     Py_ssize_t pos;             /* sendall progress */
     int fd;
-    int kind;
+    const sockop_def *op;
     int state;
     int have_view;
     int registered;             /* TL_POLL_READ / TL_POLL_WRITE or 0 */
-} SockOpObject;
+};
 
-/* Outcome of one attempt: a result, "would block", or an error set. */
-#define ATTEMPT_BLOCKED ((PyObject *)1)
 
 static PyObject *
 accept_result(SockOpObject *self, int cfd, struct sockaddr *addr, socklen_t alen)
 {
     tl_state *st = self->loop->state;
-    PyObject *family = PyObject_GetAttrString(self->sock, "family");
-    PyObject *type = family ? PyObject_GetAttrString(self->sock, "type") : NULL;
-    PyObject *proto = type ? PyObject_GetAttrString(self->sock, "proto") : NULL;
+    int family, type, proto;
     PyObject *conn = NULL;
-    long t = type ? PyLong_AsLong(type) : -1;
     /* SOCK_NONBLOCK in the type tells socket.socket() the fd is already
      * non-blocking (timeout 0.0, as asyncio's conn.setblocking(False)). */
-    if (proto != NULL && !(t == -1 && PyErr_Occurred()))
-        conn = PyObject_CallFunction(st->socket_socket, "OlOi", family,
-                                     t | SOCK_NONBLOCK, proto, cfd);
-    Py_XDECREF(family);
-    Py_XDECREF(type);
-    Py_XDECREF(proto);
+    if (tl_sock_info(st, self->sock, NULL, &family, &type, &proto) == 0)
+        conn = PyObject_CallFunction(st->socket_socket, "iiii", family,
+                                     type | SOCK_NONBLOCK, proto, cfd);
     if (conn == NULL) {
         close(cfd);
         return NULL;
@@ -71,77 +78,157 @@ accept_result(SockOpObject *self, int cfd, struct sockaddr *addr, socklen_t alen
     return r;
 }
 
-static PyObject *
-op_attempt(SockOpObject *self)
+/* One try of the operation: *res is its result, or NULL when it would
+ * block. */
+/* *res = result (a new reference, or NULL with an error set). */
+static inline int
+done(PyObject **res, PyObject *result)
 {
-    ssize_t n;
-    switch (self->kind) {
-    case OP_RECV: {
-        if (self->nbytes == 0)   /* socket.recv(0) makes no syscall */
-            return PyBytes_FromStringAndSize(NULL, 0);
-        if (self->nbytes <= TL_SPARE_SIZE) {
-            /* As the transports do: receive into the loop's spare bytes and
-             * hand a large read over without copying. */
-            PyObject *data;
-            n = tl_loop_read_spare(self->loop, self->fd, (size_t)self->nbytes, 0,
-                                   &data);
-            if (n == -2)
-                return NULL;
-            if (n < 0)
-                break;
-            return data != NULL ? data : PyBytes_FromStringAndSize(NULL, 0);
-        }
-        PyObject *b = PyBytes_FromStringAndSize(NULL, self->nbytes);
-        if (b == NULL)
-            return NULL;
-        do {
-            n = recv(self->fd, PyBytes_AS_STRING(b), (size_t)self->nbytes, 0);
-        } while (n < 0 && errno == EINTR);
-        if (n < 0) {
-            Py_DECREF(b);
-            break;
-        }
-        if (n != self->nbytes && tl_bytes_resize(&b, n) < 0)
-            return NULL;
-        return b;
-    }
-    case OP_RECV_INTO:
-        if (self->view.len == 0)   /* nor does recv_into() an empty buffer */
-            return PyLong_FromLong(0);
-        do {
-            n = recv(self->fd, self->view.buf, (size_t)self->view.len, 0);
-        } while (n < 0 && errno == EINTR);
-        if (n >= 0)
-            return PyLong_FromSsize_t(n);
-        break;
-    case OP_SENDALL:
-        /* At least one send(), as asyncio's sock.send(data) even for b"":
-         * its errors (a closed or unconnected socket) are the caller's. */
-        do {
-            do {
-                n = send(self->fd, (char *)self->view.buf + self->pos,
-                         (size_t)(self->view.len - self->pos), MSG_NOSIGNAL);
-            } while (n < 0 && errno == EINTR);
-            if (n < 0)
-                goto error;
-            self->pos += n;
-        } while (self->pos < self->view.len);
-        Py_RETURN_NONE;
-    case OP_ACCEPT: {
-        struct sockaddr_storage addr;
-        socklen_t alen = sizeof(addr);
-        int cfd = accept4(self->fd, (struct sockaddr *)&addr, &alen,
-                          SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (cfd >= 0)
-            return accept_result(self, cfd, (struct sockaddr *)&addr, alen);
-        break;
-    }
-    }
-error:
-    if (errno == EAGAIN || errno == EWOULDBLOCK)
-        return ATTEMPT_BLOCKED;
-    return PyErr_SetFromErrno(PyExc_OSError);
+    *res = result;
+    return result == NULL ? -1 : 0;
 }
+
+/* After a failed syscall: "would block" (0, *res stays NULL) or OSError. */
+static int
+blocked_or_error(int err)
+{
+    if (err == EAGAIN || err == EWOULDBLOCK)
+        return 0;
+    errno = err;
+    PyErr_SetFromErrno(PyExc_OSError);
+    return -1;
+}
+
+static int
+recv_prepare(SockOpObject *self)
+{
+    Py_ssize_t n = PyNumber_AsSsize_t(self->data, PyExc_OverflowError);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "negative buffersize in recv");
+        return -1;
+    }
+    self->nbytes = n;
+    return 0;
+}
+
+static int
+recv_attempt(SockOpObject *self, PyObject **res)
+{
+    *res = NULL;
+    if (self->nbytes == 0)   /* socket.recv(0) makes no syscall */
+        return done(res, PyBytes_FromStringAndSize(NULL, 0));
+    if (self->nbytes <= TL_SPARE_SIZE) {
+        /* As the transports do: receive into the loop's spare bytes and
+         * hand a large read over without copying. */
+        PyObject *data;
+        int err;
+        if (tl_recv_spare(&self->loop->recv, self->fd, (size_t)self->nbytes,
+                          0, &data, &err) < 0)
+            return -1;
+        if (data != NULL)
+            return done(res, data);
+        if (err == 0)
+            return done(res, PyBytes_FromStringAndSize(NULL, 0));
+        return blocked_or_error(err);
+    }
+    PyObject *b = PyBytes_FromStringAndSize(NULL, self->nbytes);
+    if (b == NULL)
+        return -1;
+    ssize_t n;
+    do {
+        n = recv(self->fd, PyBytes_AS_STRING(b), (size_t)self->nbytes, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        int err = errno;
+        Py_DECREF(b);
+        return blocked_or_error(err);
+    }
+    if (n != self->nbytes && tl_bytes_resize(&b, n) < 0)
+        return -1;
+    return done(res, b);
+}
+
+static int
+recv_into_prepare(SockOpObject *self)
+{
+    if (tl_recv_into_buffer(self->data, &self->view) < 0)
+        return -1;
+    self->have_view = 1;
+    return 0;
+}
+
+static int
+recv_into_attempt(SockOpObject *self, PyObject **res)
+{
+    *res = NULL;
+    if (self->view.len == 0)   /* nor does recv_into() an empty buffer */
+        return done(res, PyLong_FromLong(0));
+    ssize_t n;
+    do {
+        n = recv(self->fd, self->view.buf, (size_t)self->view.len, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return blocked_or_error(errno);
+    return done(res, PyLong_FromSsize_t(n));
+}
+
+static int
+sendall_prepare(SockOpObject *self)
+{
+    if (PyObject_GetBuffer(self->data, &self->view, PyBUF_SIMPLE) < 0)
+        return -1;
+    self->have_view = 1;
+    return 0;
+}
+
+/* At least one send(), as asyncio's sock.send(data) even for b"": its
+ * errors (a closed or unconnected socket) are the caller's. */
+static int
+sendall_attempt(SockOpObject *self, PyObject **res)
+{
+    *res = NULL;
+    do {
+        ssize_t n;
+        do {
+            n = send(self->fd, (char *)self->view.buf + self->pos,
+                     (size_t)(self->view.len - self->pos), MSG_NOSIGNAL);
+        } while (n < 0 && errno == EINTR);
+        if (n < 0)
+            return blocked_or_error(errno);
+        self->pos += n;
+    } while (self->pos < self->view.len);
+    return done(res, Py_NewRef(Py_None));
+}
+
+static int
+accept_prepare(SockOpObject *Py_UNUSED(self))
+{
+    return 0;
+}
+
+static int
+accept_attempt(SockOpObject *self, PyObject **res)
+{
+    *res = NULL;
+    struct sockaddr_storage addr;
+    socklen_t alen = sizeof(addr);
+    int cfd = accept4(self->fd, (struct sockaddr *)&addr, &alen,
+                      SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (cfd < 0)
+        return blocked_or_error(errno);
+    return done(res, accept_result(self, cfd, (struct sockaddr *)&addr, alen));
+}
+
+static const sockop_def op_recv = {"sock_recv", "n", TL_POLL_READ,
+                                    recv_prepare, recv_attempt};
+static const sockop_def op_recv_into = {"sock_recv_into", "buf", TL_POLL_READ,
+                                         recv_into_prepare, recv_into_attempt};
+static const sockop_def op_sendall = {"sock_sendall", "data", TL_POLL_WRITE,
+                                       sendall_prepare, sendall_attempt};
+static const sockop_def op_accept = {"sock_accept", NULL, TL_POLL_READ,
+                                      accept_prepare, accept_attempt};
 
 static void
 op_release(SockOpObject *self)
@@ -165,7 +252,7 @@ op_unregister(SockOpObject *self)
     self->handle = NULL;
     int rc = 0;
     if (h == NULL || !h->cancelled)
-        rc = tl_loop_remove_io(self->loop, self->fd, which) < 0 ? -1 : 0;
+        rc = tl_fd_remove(self->loop, self->fd, which, NULL);
     Py_XDECREF(h);
     return rc;
 }
@@ -173,10 +260,15 @@ op_unregister(SockOpObject *self)
 static int
 op_register(SockOpObject *self, int which)
 {
-    HandleObject *h = tl_loop_add_io_oneshot(self->loop, self->fd, which,
-                                             self->ready_cb);
+    tl_state *st = self->loop->state;
+    HandleObject *h = tl_handle_new(st, st->HandleType, self->loop,
+                                    self->ready_cb, NULL, 0, NULL, 1);
     if (h == NULL)
         return -1;
+    if (tl_fd_add_handle(self->loop, self->fd, which, h, 1) < 0) {
+        Py_DECREF(h);
+        return -1;
+    }
     Py_XSETREF(self->handle, h);
     self->registered = which;
     return 0;
@@ -200,8 +292,9 @@ op_ready(SockOpObject *self, PyObject *Py_UNUSED(ignored))
             return NULL;
         Py_RETURN_NONE;
     }
-    PyObject *res = op_attempt(self);
-    if (res == ATTEMPT_BLOCKED) {
+    PyObject *res;
+    int rc = self->op->attempt(self, &res);
+    if (rc == 0 && res == NULL) {
         /* A spurious wakeup: the one-shot interest is spent, arm it again. */
         if (op_register(self, self->registered) < 0)
             return NULL;
@@ -271,60 +364,18 @@ check_socket(SockOpObject *self)
             return -1;
         }
     }
-    long fd;
-    if (tl_call_fileno(st, self->sock, &fd) < 0)
-        return -1;
-    self->fd = (int)fd;
-    return 0;
+    return tl_call_fileno(st, self->sock, &self->fd);
 }
 
-/* Argument checks happen when the operation first runs, as in asyncio's
- * coroutines: a bad argument raises at the await, not at the call. */
+/* Advance the operation; *out gets the value (*yielded 0) or the future to
+ * yield (*yielded 1). */
 static int
-op_prepare(SockOpObject *self)
+op_step(SockOpObject *self, PyObject **out, int *yielded)
 {
-    switch (self->kind) {
-    case OP_RECV: {
-        Py_ssize_t n = PyNumber_AsSsize_t(self->data, PyExc_OverflowError);
-        if (n == -1 && PyErr_Occurred())
-            return -1;
-        if (n < 0) {
-            PyErr_SetString(PyExc_ValueError, "negative buffersize in recv");
-            return -1;
-        }
-        self->nbytes = n;
-        return 0;
-    }
-    case OP_RECV_INTO:
-        if (PyObject_GetBuffer(self->data, &self->view, PyBUF_WRITABLE) < 0) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_TypeError,
-                         "recv_into() argument 'buffer' must be read-write "
-                         "bytes-like object, not %.50s",
-                         Py_TYPE(self->data)->tp_name);
-            return -1;
-        }
-        self->have_view = 1;
-        return 0;
-    case OP_SENDALL:
-        if (PyObject_GetBuffer(self->data, &self->view, PyBUF_SIMPLE) < 0)
-            return -1;
-        self->have_view = 1;
-        return 0;
-    default:
-        return 0;
-    }
-}
-
-typedef enum { STEP_RETURN, STEP_YIELD, STEP_ERROR } step_result;
-
-/* Advance the operation; *out gets the value or the future to yield. */
-static step_result
-op_step(SockOpObject *self, PyObject **out)
-{
+    *yielded = 0;
     if (self->state == ST_DONE) {
         PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited coroutine");
-        return STEP_ERROR;
+        return -1;
     }
     if (self->state == ST_WAITING) {
         self->state = ST_DONE;
@@ -332,88 +383,70 @@ op_step(SockOpObject *self, PyObject **out)
         self->fut = NULL;
         op_unregister(self);
         op_release(self);
-        PyObject *r = PyObject_CallMethodNoArgs(fut, self->loop->state->str_result);
+        *out = PyObject_CallMethodNoArgs(fut, self->loop->state->str_result);
         Py_DECREF(fut);
-        if (r == NULL)
-            return STEP_ERROR;
-        *out = r;
-        return STEP_RETURN;
+        return *out == NULL ? -1 : 0;
     }
     self->state = ST_DONE;
-    if (check_socket(self) < 0 || op_prepare(self) < 0) {
+    PyObject *fut = NULL;
+    if (check_socket(self) < 0 || self->op->prepare(self) < 0 ||
+        self->op->attempt(self, out) < 0)
+        goto error;
+    if (*out != NULL) {
         op_release(self);
-        return STEP_ERROR;
-    }
-    PyObject *res = op_attempt(self);
-    if (res != ATTEMPT_BLOCKED) {
-        op_release(self);
-        if (res == NULL)
-            return STEP_ERROR;
-        *out = res;
-        return STEP_RETURN;
+        return 0;
     }
     /* Would block: wait for the fd. */
-    if (tl_loop_check_fd_transport(self->loop, self->fd) < 0) {
-        op_release(self);
-        return STEP_ERROR;
-    }
-    PyObject *fut = tl_loop_create_future(self->loop);
-    if (fut == NULL) {
-        op_release(self);
-        return STEP_ERROR;
-    }
-    int which = (self->kind == OP_SENDALL) ? TL_POLL_WRITE : TL_POLL_READ;
+    if (tl_fd_check_no_transport(self->loop, self->fd) < 0)
+        goto error;
+    fut = tl_loop_create_future(self->loop);
+    if (fut == NULL)
+        goto error;
+    int which = self->op->which;
     if (self->ready_cb == NULL)
         self->ready_cb = PyObject_GetAttrString((PyObject *)self, "_ready");
     if (self->ready_cb == NULL || op_register(self, which) < 0 ||
         PyObject_SetAttr(fut, self->loop->state->str_future_blocking,
                          Py_True) < 0) {
         op_unregister(self);
-        Py_DECREF(fut);
-        op_release(self);
-        return STEP_ERROR;
+        goto error;
     }
     self->fut = fut;
     self->state = ST_WAITING;
     *out = Py_NewRef(fut);
-    return STEP_YIELD;
+    *yielded = 1;
+    return 0;
+error:
+    Py_XDECREF(fut);
+    op_release(self);
+    return -1;
 }
 
 static PySendResult
 op_am_send(SockOpObject *self, PyObject *arg, PyObject **result)
 {
     (void)arg;
-    PyObject *out = NULL;
-    switch (op_step(self, &out)) {
-    case STEP_RETURN:
-        *result = out;
-        return PYGEN_RETURN;
-    case STEP_YIELD:
-        *result = out;
-        return PYGEN_NEXT;
-    default:
+    int yielded;
+    if (op_step(self, result, &yielded) < 0) {
         *result = NULL;
         return PYGEN_ERROR;
     }
+    return yielded ? PYGEN_NEXT : PYGEN_RETURN;
 }
 
 static PyObject *
-op_send(SockOpObject *self, PyObject *arg)
+op_send(SockOpObject *self, PyObject *Py_UNUSED(arg))
 {
     PyObject *out = NULL;
-    switch (op_step(self, &out)) {
-    case STEP_RETURN:
-        tl_set_stop_iteration_value(out);
-        Py_DECREF(out);
+    int yielded;
+    if (op_step(self, &out, &yielded) < 0)
         return NULL;
-    case STEP_YIELD:
+    if (yielded)
         return out;
-    default:
-        (void)arg;
-        return NULL;
-    }
+    tl_set_stop_iteration_value(out);
+    Py_DECREF(out);
+    return NULL;
 }
-
 static PyObject *
 op_iternext(SockOpObject *self)
 {
@@ -470,7 +503,7 @@ op_await(SockOpObject *self)
 static PyObject *
 op_repr(SockOpObject *self)
 {
-    return PyUnicode_FromFormat("<%s awaitable %s>", op_names[self->kind],
+    return PyUnicode_FromFormat("<%s awaitable %s>", self->op->name,
                                 self->state == ST_NEW ? "not started"
                                 : self->state == ST_WAITING ? "waiting"
                                                             : "done");
@@ -511,7 +544,7 @@ op_finalize(SockOpObject *self)
     PyObject *exc = tl_err_get_raised();
     if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
                          "coroutine 'Loop.%s' was never awaited",
-                         op_names[self->kind]) < 0)
+                         self->op->name) < 0)
         PyErr_WriteUnraisable((PyObject *)self);
     tl_err_set_raised(exc);
 }
@@ -560,7 +593,7 @@ PyType_Spec tl_sockop_spec = {
 };
 
 static SockOpObject *
-op_new(LoopObject *loop, int kind, PyObject *sock)
+op_new(LoopObject *loop, const sockop_def *op, PyObject *sock)
 {
     SockOpObject *self = PyObject_GC_New(SockOpObject, loop->state->SockOpType);
     if (self == NULL)
@@ -568,17 +601,18 @@ op_new(LoopObject *loop, int kind, PyObject *sock)
     memset((char *)self + sizeof(PyObject), 0, sizeof(*self) - sizeof(PyObject));
     self->loop = (LoopObject *)Py_NewRef((PyObject *)loop);
     self->sock = Py_NewRef(sock);
-    self->kind = kind;
+    self->op = op;
     self->fd = -1;
     PyObject_GC_Track(self);
     return self;
 }
 
 static PyObject *
-make_op(PyObject *loop, int kind, PyObject *const *args, Py_ssize_t nargs,
-        PyObject *kwnames, const char *argname)
+make_op(PyObject *loop, const sockop_def *op, PyObject *const *args,
+        Py_ssize_t nargs, PyObject *kwnames)
 {
-    const char *name = op_names[kind];
+    const char *name = op->name;
+    const char *argname = op->argname;
     PyObject *vals[2] = {NULL, NULL};
     Py_ssize_t want = argname ? 2 : 1;
     if (nargs > want) {
@@ -617,36 +651,52 @@ make_op(PyObject *loop, int kind, PyObject *const *args, Py_ssize_t nargs,
             return NULL;
         }
     }
-    SockOpObject *op = op_new((LoopObject *)loop, kind, vals[0]);
-    if (op != NULL && argname != NULL)
-        op->data = Py_NewRef(vals[1]);
-    return (PyObject *)op;
+    SockOpObject *self = op_new((LoopObject *)loop, op, vals[0]);
+    if (self != NULL && argname != NULL)
+        self->data = Py_NewRef(vals[1]);
+    return (PyObject *)self;
 }
 
-PyObject *
-tl_loop_sock_recv(PyObject *loop, PyObject *const *args, Py_ssize_t nargs,
+static PyObject *
+loop_sock_recv(PyObject *loop, PyObject *const *args, Py_ssize_t nargs,
                   PyObject *kwnames)
 {
-    return make_op(loop, OP_RECV, args, nargs, kwnames, "n");
+    return make_op(loop, &op_recv, args, nargs, kwnames);
 }
 
-PyObject *
-tl_loop_sock_recv_into(PyObject *loop, PyObject *const *args, Py_ssize_t nargs,
+static PyObject *
+loop_sock_recv_into(PyObject *loop, PyObject *const *args, Py_ssize_t nargs,
                        PyObject *kwnames)
 {
-    return make_op(loop, OP_RECV_INTO, args, nargs, kwnames, "buf");
+    return make_op(loop, &op_recv_into, args, nargs, kwnames);
 }
 
-PyObject *
-tl_loop_sock_sendall(PyObject *loop, PyObject *const *args, Py_ssize_t nargs,
+static PyObject *
+loop_sock_sendall(PyObject *loop, PyObject *const *args, Py_ssize_t nargs,
                      PyObject *kwnames)
 {
-    return make_op(loop, OP_SENDALL, args, nargs, kwnames, "data");
+    return make_op(loop, &op_sendall, args, nargs, kwnames);
 }
 
-PyObject *
-tl_loop_sock_accept(PyObject *loop, PyObject *const *args, Py_ssize_t nargs,
+static PyObject *
+loop_sock_accept(PyObject *loop, PyObject *const *args, Py_ssize_t nargs,
                     PyObject *kwnames)
 {
-    return make_op(loop, OP_ACCEPT, args, nargs, kwnames, NULL);
+    return make_op(loop, &op_accept, args, nargs, kwnames);
 }
+
+const PyMethodDef tl_sockop_loop_methods[] = {
+    {"sock_recv", (PyCFunction)(void (*)(void))loop_sock_recv,
+     METH_FASTCALL | METH_KEYWORDS,
+     "sock_recv(sock, n): receive up to n bytes (awaitable)."},
+    {"sock_recv_into", (PyCFunction)(void (*)(void))loop_sock_recv_into,
+     METH_FASTCALL | METH_KEYWORDS,
+     "sock_recv_into(sock, buf): receive into buf (awaitable)."},
+    {"sock_sendall", (PyCFunction)(void (*)(void))loop_sock_sendall,
+     METH_FASTCALL | METH_KEYWORDS,
+     "sock_sendall(sock, data): send all of data (awaitable)."},
+    {"sock_accept", (PyCFunction)(void (*)(void))loop_sock_accept,
+     METH_FASTCALL | METH_KEYWORDS,
+     "sock_accept(sock): accept a connection (awaitable)."},
+    {NULL}
+};

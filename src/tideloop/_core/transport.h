@@ -1,10 +1,12 @@
-/* The transports' shared object layout and machinery.
+/* The transports' shared object layout and machinery (transport.c).
  *
- * One struct serves four types -- stream sockets (stream.c), datagram
- * sockets (dgram.c), and the read and write ends of pipes (pipe.c) -- so
- * registration, the write queue, flow control, closing, extra info and the
- * GC plumbing are written once.  `kind` says which behaviour applies where
- * asyncio's classes differ. */
+ * Every transport starts with TransportObject: registration, the write
+ * queue, flow control, closing, extra info and the GC plumbing are written
+ * once.  Where asyncio's transport classes differ, the type's ops table
+ * (tl_transport_ops) says how; datagram and pipe transports add their own
+ * fields after the shared ones.  The types: stream.c (TCP and Unix
+ * sockets), dgram.c (UDP and Unix datagrams), pipe.c (the two ends of a
+ * pipe); listener.c accepts connections for servers. */
 #ifndef TIDELOOP_TRANSPORT_H
 #define TIDELOOP_TRANSPORT_H
 
@@ -17,8 +19,66 @@
 #define LOG_THRESHOLD_FOR_CONNLOST_WRITES 5
 #define TL_WRITEV_MAX 64
 
-/* The four transport types share their layout and GC plumbing; each brings
- * its repr, methods, attributes and doc. */
+typedef struct TransportObject TransportObject;
+
+/* What differs between the transport types. */
+typedef struct {
+    tl_io_fn read_ready;         /* the reader (write pipes: the peer
+                                    closing shows as readable) */
+    tl_io_fn write_ready;        /* the writer; NULL: never writes */
+    /* After a fatal error: asyncio's _force_close(exc) for sockets, the
+     * pipes' _close(exc). */
+    int (*close_after_error)(TransportObject *self, PyObject *exc);
+    int quiet_errno;             /* a fatal OSError is only logged (debug
+                                    mode) -- any (0) or only this errno */
+    int is_socket;               /* socket/sockname/peername extra info; the
+                                    fd is refused to add_reader */
+    int unusable_buffer_loses;   /* write pipes: a write of a buffer that
+                                    cannot be used counts as a lost write */
+    /* The type's own fields (NULL: none). */
+    int (*traverse)(TransportObject *self, visitproc visit, void *arg);
+    void (*clear)(TransportObject *self);
+} tl_transport_ops;
+
+/* Shared methods and attributes, for the types' tables. */
+#define TL_TR_BASE_METHODS \
+    {"is_closing", (PyCFunction)tl_tr_is_closing_meth, METH_NOARGS, NULL}, \
+    {"get_extra_info", (PyCFunction)(void (*)(void))tl_tr_get_extra_info, \
+     METH_FASTCALL | METH_KEYWORDS, NULL}, \
+    {"get_protocol", (PyCFunction)tl_tr_get_protocol, METH_NOARGS, NULL}, \
+    {"set_protocol", (PyCFunction)tl_tr_set_protocol, METH_O, NULL}, \
+    {"_call_connection_lost", (PyCFunction)tl_tr_call_connection_lost, METH_O, \
+     NULL}
+#define TL_TR_READ_METHODS \
+    {"is_reading", (PyCFunction)tl_tr_is_reading_meth, METH_NOARGS, NULL}, \
+    {"pause_reading", (PyCFunction)tl_tr_pause_reading, METH_NOARGS, NULL}, \
+    {"_read_ready", (PyCFunction)tl_tr_read_ready_meth, METH_NOARGS, NULL}, \
+    {"_start_reading", (PyCFunction)tl_tr_start_reading, METH_NOARGS, NULL}
+#define TL_TR_WRITE_METHODS \
+    {"get_write_buffer_size", (PyCFunction)tl_tr_get_write_buffer_size, \
+     METH_NOARGS, NULL}, \
+    {"get_write_buffer_limits", (PyCFunction)tl_tr_get_write_buffer_limits, \
+     METH_NOARGS, NULL}, \
+    {"set_write_buffer_limits", \
+     (PyCFunction)(void (*)(void))tl_tr_set_write_buffer_limits, \
+     METH_VARARGS | METH_KEYWORDS, NULL}, \
+    {"_write_ready", (PyCFunction)tl_tr_write_ready_meth, METH_NOARGS, NULL}
+#define TL_TR_SOCKET_METHODS \
+    {"close", (PyCFunction)tl_tr_close, METH_NOARGS, NULL}, \
+    {"abort", (PyCFunction)tl_tr_abort, METH_NOARGS, NULL}, \
+    {"_force_close", (PyCFunction)tl_tr_force_close_meth, METH_O, NULL}
+#define TL_TR_BASE_GETSET \
+    {"_loop", (getter)tl_tr_get_loop_attr, NULL, NULL, NULL}, \
+    {"_closing", (getter)tl_tr_get_closing_attr, NULL, NULL, NULL}, \
+    {"_paused", (getter)tl_tr_get_paused_attr, NULL, NULL, NULL}, \
+    {"_conn_lost", (getter)tl_tr_get_conn_lost, NULL, NULL, NULL}, \
+    {"_protocol", (getter)tl_tr_get_protocol, NULL, NULL, NULL}, \
+    {"_protocol_paused", (getter)tl_tr_get_protocol_paused, NULL, NULL, NULL}
+#define TL_TR_SOCKET_GETSET \
+    {"_sock_fd", (getter)tl_tr_get_fd_attr, NULL, NULL, NULL}
+
+/* The transport types share their GC plumbing; each brings its repr,
+ * methods, attributes and doc. */
 #define TL_TR_SLOTS(repr, methods, getset, doc) \
     {Py_tp_dealloc, tl_tr_dealloc}, \
     {Py_tp_finalize, tl_tr_finalize}, \
@@ -33,20 +93,13 @@
 /* Not Py_TPFLAGS_IMMUTABLETYPE: the bases are asyncio's (mutable) Python
  * classes, and 3.14 refuses an immutable type over a mutable base (3.12 and
  * 3.13 warn). */
-#define TL_TR_SPEC(tpname, slots_) { \
+#define TL_TR_SPEC(tpname, objtype, slots_) { \
     .name = tpname, \
-    .basicsize = sizeof(SocketTransportObject), \
+    .basicsize = sizeof(objtype), \
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | \
              Py_TPFLAGS_DISALLOW_INSTANTIATION, \
     .slots = slots_, \
 }
-
-enum {
-    TL_TR_STREAM = 0,
-    TL_TR_DGRAM,
-    TL_TR_READ_PIPE,
-    TL_TR_WRITE_PIPE,
-};
 
 typedef struct {
     PyObject *obj;          /* bytes object owning the data */
@@ -55,10 +108,10 @@ typedef struct {
     PyObject *addr;         /* datagrams: the destination (NULL: none) */
 } wchunk;
 
-typedef struct {
+struct TransportObject {
     tl_transport_head head;     /* PyObject_HEAD + closing */
     LoopObject *loop;
-    int kind;                   /* TL_TR_* */
+    const tl_transport_ops *ops;
     int fd;                     /* -1 once the socket is closed */
     int family;
     int type;
@@ -66,12 +119,11 @@ typedef struct {
     PyObject *sock;             /* socket.socket, created lazily if we got an
                                    fd; pipes: the pipe object */
     PyObject *protocol;
-    int buffered;
+    int buffered;               /* a BufferedProtocol */
     int protocol_connected;
     PyObject *server;
-    PyObject *read_ready;       /* bound self._read_ready, the reader callback */
-    PyObject *write_ready;
-    PyObject *empty_waiter;
+    PyObject *empty_waiter;     /* sendfile: set when the queue drains */
+    tl_io_watcher reader, writer;
     PyObject *sockname;         /* converted lazily from the raw addresses */
     PyObject *peername;
     PyObject *transport_socket;
@@ -84,8 +136,6 @@ typedef struct {
     PyObject *limits;           /* (low, high) as given, or NULL: defaults */
 
     int conn_lost;
-    int lost_scheduled;         /* pipes: connection_lost is on its way */
-    int pipe_watch_peer;        /* write pipes: the peer closing is visible */
     int paused;                 /* pause_reading() */
     int eof;                    /* write_eof() */
     int protocol_paused;        /* pause_writing() was called */
@@ -94,84 +144,111 @@ typedef struct {
     struct sockaddr_storage local_addr, peer_addr;
     socklen_t local_len, peer_len;
 
-    /* datagrams */
-    PyObject *address;          /* remote_addr given at creation, or NULL */
-    PyObject *pending;          /* datagrams received in a batch but not
-                                   delivered (reading paused meanwhile):
-                                   a list of (data, addr) */
-    PyObject *last_from;        /* the last source address handed out ... */
-    struct sockaddr_storage last_from_sa;   /* ... and its raw form */
-    socklen_t last_from_len;
-
     PyObject *dict;             /* instance attributes (tests patch methods) */
     PyObject *weakreflist;
-} SocketTransportObject;
+};
 
 #define tl_tr_add_reader(self) tl_tr_watch((self), TL_POLL_READ, 1)
 #define tl_tr_remove_reader(self) tl_tr_watch((self), TL_POLL_READ, 0)
 #define tl_tr_add_writer(self) tl_tr_watch((self), TL_POLL_WRITE, 1)
 #define tl_tr_remove_writer(self) tl_tr_watch((self), TL_POLL_WRITE, 0)
 
-int tl_tr_is_reading(SocketTransportObject *self);
-void tl_tr_close_socket(SocketTransportObject *self);
-int tl_tr_watch(SocketTransportObject *self, int which, int on);
-void tl_wq_clear(SocketTransportObject *self);
-int tl_wq_push(SocketTransportObject *self, PyObject *obj, const char *data, Py_ssize_t len);
-void tl_wq_consume(SocketTransportObject *self, Py_ssize_t n);
-void tl_wq_pop(SocketTransportObject *self);
-int tl_wq_iov(SocketTransportObject *self, struct iovec *iov);
-int tl_tr_is_fatal_base_exception(void);
-PyObject *tl_tr_fetch_exception(void);
-int tl_tr_fatal_error(SocketTransportObject *self, PyObject *exc, const char *message);
-int tl_tr_fail(SocketTransportObject *self, const char *message);
-int tl_tr_maybe_pause_protocol(SocketTransportObject *self);
-int tl_tr_maybe_resume_protocol(SocketTransportObject *self);
-int tl_tr_schedule_connection_lost(SocketTransportObject *self, PyObject *exc);
-int tl_tr_force_close(SocketTransportObject *self, PyObject *exc);
-PyObject *tl_tr_call_connection_lost(SocketTransportObject *self, PyObject *exc);
-PyObject *tl_tr_os_error(void);
-int tl_tr_check_writable_data(PyObject *prefix, PyObject *data);
-PyObject *tl_tr_close(SocketTransportObject *self, PyObject *Py_UNUSED(ignored));
-PyObject *tl_tr_abort(SocketTransportObject *self, PyObject *Py_UNUSED(ignored));
-PyObject *tl_tr_force_close_meth(SocketTransportObject *self, PyObject *exc);
-PyObject *tl_tr_is_closing_meth(SocketTransportObject *self, PyObject *Py_UNUSED(ignored));
-PyObject *tl_tr_is_reading_meth(SocketTransportObject *self, PyObject *Py_UNUSED(ignored));
-int tl_tr_debug_log(SocketTransportObject *self, const char *fmt);
-PyObject *tl_tr_pause_reading(SocketTransportObject *self, PyObject *Py_UNUSED(ignored));
-PyObject *tl_tr_resume_reading(SocketTransportObject *self, PyObject *Py_UNUSED(ignored));
-PyObject *tl_tr_start_reading(SocketTransportObject *self, PyObject *Py_UNUSED(ignored));
-PyObject *tl_tr_get_write_buffer_size(SocketTransportObject *self, PyObject *Py_UNUSED(ignored));
-PyObject *tl_tr_get_write_buffer_limits(SocketTransportObject *self, PyObject *Py_UNUSED(ignored));
-PyObject *tl_tr_set_write_buffer_limits(SocketTransportObject *self, PyObject *args, PyObject *kwds);
-PyObject *tl_tr_set_protocol(SocketTransportObject *self, PyObject *protocol);
-PyObject *tl_tr_get_protocol(SocketTransportObject *self, PyObject *Py_UNUSED(ignored));
-PyObject *tl_tr_extra_value(SocketTransportObject *self, const char *name);
-PyObject *tl_tr_get_extra_info(SocketTransportObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
-PyObject *tl_tr_repr(SocketTransportObject *self);
-PyObject *tl_tr_get_sock_attr(SocketTransportObject *self, void *Py_UNUSED(c));
-PyObject *tl_tr_get_fd_attr(SocketTransportObject *self, void *Py_UNUSED(c));
-PyObject *tl_tr_get_loop_attr(SocketTransportObject *self, void *Py_UNUSED(c));
-PyObject *tl_tr_get_conn_lost(SocketTransportObject *self, void *Py_UNUSED(c));
-PyObject *tl_tr_get_closing_attr(SocketTransportObject *self, void *Py_UNUSED(c));
-PyObject *tl_tr_get_paused_attr(SocketTransportObject *self, void *Py_UNUSED(c));
-PyObject *tl_tr_get_protocol_paused(SocketTransportObject *self, void *Py_UNUSED(c));
-SocketTransportObject *tl_tr_create(LoopObject *loop, PyTypeObject *tp, int kind, int fd, PyObject *sock, int family, int type, int proto, PyObject *protocol, PyObject *waiter, PyObject *extra, PyObject *server, const struct sockaddr *peer, socklen_t peer_len);
-int tl_tr_traverse(SocketTransportObject *self, visitproc visit, void *arg);
-int tl_tr_clear(SocketTransportObject *self);
-void tl_tr_finalize(SocketTransportObject *self);
-void tl_tr_dealloc(SocketTransportObject *self);
+/* A new transport of type tp for fd (and its socket or pipe object, when
+ * there is one).  Schedules connection_made, the start of reading and the
+ * waiter, as asyncio does.  On failure the fd stays with the caller. */
+TransportObject *tl_tr_create(LoopObject *loop, PyTypeObject *tp,
+                              const tl_transport_ops *ops, int fd,
+                              PyObject *sock, int family, int type, int proto,
+                              PyObject *protocol, PyObject *waiter,
+                              PyObject *extra, PyObject *server,
+                              const struct sockaddr *peer, socklen_t peer_len);
 
+int tl_tr_is_reading(TransportObject *self);
+void tl_tr_close_socket(TransportObject *self);
+int tl_tr_watch(TransportObject *self, int which, int on);
+/* The write queue: bytes are referenced, anything else copied. */
+void tl_wq_clear(TransportObject *self);
+int tl_wq_push(TransportObject *self, PyObject *obj, const char *data,
+               Py_ssize_t len);
+void tl_wq_consume(TransportObject *self, Py_ssize_t n);
+void tl_wq_pop(TransportObject *self);
+int tl_wq_iov(TransportObject *self, struct iovec *iov);
+int tl_tr_is_fatal_base_exception(void);
+/* asyncio's _fatal_error(exc, message). */
+int tl_tr_fatal_error(TransportObject *self, PyObject *exc, const char *message);
+/* After a failed call: SystemExit/KeyboardInterrupt propagate (-1), anything
+ * else goes to tl_tr_fatal_error. */
+int tl_tr_fail(TransportObject *self, const char *message);
+/* tl_tr_fatal_error for the system error errno (an OSError). */
+int tl_tr_fatal_errno(TransportObject *self, int err, const char *message);
+int tl_tr_maybe_pause_protocol(TransportObject *self);
+int tl_tr_maybe_resume_protocol(TransportObject *self);
+int tl_tr_schedule_connection_lost(TransportObject *self, PyObject *exc);
+int tl_tr_force_close(TransportObject *self, PyObject *exc);
+/* protocol.connection_lost(exc), then the socket closed and the server
+ * told; the protocol's result is dropped. */
+int tl_tr_connection_lost(TransportObject *self, PyObject *exc);
+/* A written object must be bytes, bytearray or memoryview (message prefix
+ * from tideloop._compat). */
+int tl_tr_check_writable_data(PyObject *prefix, PyObject *data);
+/* A write of a buffer that cannot be used (PyObject_GetBuffer failed with a
+ * BufferError): *lost is set when the connection was lost already (the
+ * caller counts the write). */
+int tl_tr_unusable_buffer(TransportObject *self, const char *fatal_message,
+                          const char *queued_message, int *lost);
+/* A write to a lost connection: counted, with asyncio's warning (its text
+ * for the type) once the count is high. */
+int tl_tr_count_lost_write(TransportObject *self, const char *warning);
+int tl_tr_debug_log(TransportObject *self, const char *fmt);
+
+/* Methods and getters the types share (through the tables above). */
+PyObject *tl_tr_call_connection_lost(TransportObject *self, PyObject *exc);
+PyObject *tl_tr_close(TransportObject *self, PyObject *Py_UNUSED(ignored));
+PyObject *tl_tr_abort(TransportObject *self, PyObject *Py_UNUSED(ignored));
+PyObject *tl_tr_force_close_meth(TransportObject *self, PyObject *exc);
+PyObject *tl_tr_is_closing_meth(TransportObject *self, PyObject *Py_UNUSED(ignored));
+PyObject *tl_tr_is_reading_meth(TransportObject *self, PyObject *Py_UNUSED(ignored));
+PyObject *tl_tr_pause_reading(TransportObject *self, PyObject *Py_UNUSED(ignored));
+PyObject *tl_tr_resume_reading(TransportObject *self, PyObject *Py_UNUSED(ignored));
+PyObject *tl_tr_start_reading(TransportObject *self, PyObject *Py_UNUSED(ignored));
+PyObject *tl_tr_read_ready_meth(TransportObject *self, PyObject *Py_UNUSED(ignored));
+PyObject *tl_tr_write_ready_meth(TransportObject *self, PyObject *Py_UNUSED(ignored));
+PyObject *tl_tr_get_write_buffer_size(TransportObject *self, PyObject *Py_UNUSED(ignored));
+PyObject *tl_tr_get_write_buffer_limits(TransportObject *self, PyObject *Py_UNUSED(ignored));
+PyObject *tl_tr_set_write_buffer_limits(TransportObject *self, PyObject *args, PyObject *kwds);
+PyObject *tl_tr_set_protocol(TransportObject *self, PyObject *protocol);
+PyObject *tl_tr_get_protocol(TransportObject *self, PyObject *Py_UNUSED(ignored));
+PyObject *tl_tr_get_extra_info(TransportObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *tl_tr_repr(TransportObject *self);
+PyObject *tl_tr_get_sock_attr(TransportObject *self, void *Py_UNUSED(c));
+PyObject *tl_tr_get_fd_attr(TransportObject *self, void *Py_UNUSED(c));
+PyObject *tl_tr_get_loop_attr(TransportObject *self, void *Py_UNUSED(c));
+PyObject *tl_tr_get_conn_lost(TransportObject *self, void *Py_UNUSED(c));
+PyObject *tl_tr_get_closing_attr(TransportObject *self, void *Py_UNUSED(c));
+PyObject *tl_tr_get_paused_attr(TransportObject *self, void *Py_UNUSED(c));
+PyObject *tl_tr_get_protocol_paused(TransportObject *self, void *Py_UNUSED(c));
+int tl_tr_traverse(TransportObject *self, visitproc visit, void *arg);
+int tl_tr_clear(TransportObject *self);
+void tl_tr_finalize(TransportObject *self);
+void tl_tr_dealloc(TransportObject *self);
 extern PyMemberDef tl_tr_members[];
 
-/* pipe.c, dgram.c */
-int tl_pipe_close(SocketTransportObject *self, PyObject *exc);
-int tl_tr_unusable_buffer(SocketTransportObject *self, const char *fatal_message,
-                          const char *queued_message);
-PyObject *tl_loop_make_read_pipe_transport(PyObject *loop, PyObject *args, PyObject *kwds);
-PyObject *tl_loop_make_write_pipe_transport(PyObject *loop, PyObject *args, PyObject *kwds);
-PyObject *tl_loop_make_datagram_transport(PyObject *loop, PyObject *args, PyObject *kwds);
-extern PyType_Spec tl_read_pipe_transport_spec;
+/* The types and the Loop methods that make them (module.c adds those to the
+ * Loop type). */
+extern PyType_Spec tl_socket_transport_spec;          /* stream.c */
+extern const PyMethodDef tl_stream_loop_methods[];
+/* A stream transport for fd (TCP_NODELAY set as asyncio sets it). */
+TransportObject *tl_stream_new(LoopObject *loop, int fd, PyObject *sock,
+                               int family, int type, int proto,
+                               PyObject *protocol, PyObject *waiter,
+                               PyObject *extra, PyObject *server,
+                               const struct sockaddr *peer, socklen_t peer_len);
+extern PyType_Spec tl_listener_spec;                  /* listener.c */
+extern const PyMethodDef tl_listener_loop_methods[];
+extern PyType_Spec tl_datagram_transport_spec;        /* dgram.c */
+extern const PyMethodDef tl_dgram_loop_methods[];
+extern PyType_Spec tl_read_pipe_transport_spec;       /* pipe.c */
 extern PyType_Spec tl_write_pipe_transport_spec;
-extern PyType_Spec tl_datagram_transport_spec;
+extern const PyMethodDef tl_pipe_loop_methods[];
 
 #endif

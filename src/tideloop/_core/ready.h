@@ -1,0 +1,114 @@
+/* The ready queue and what it holds: Handles, and the C readers and writers
+ * of transports and listeners (io watchers).
+ *
+ * A readable transport costs no Python object per event: the fd table
+ * (fdtable.c) queues its watcher here, the loop (loop.c) runs the watcher's
+ * C function in the context it was armed in (handle.c: tl_io_run), in the
+ * same order as asyncio's reader Handle would run.  Leaf: includes only
+ * Python.h. */
+#ifndef TIDELOOP_READY_H
+#define TIDELOOP_READY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* 0, or -1 with an exception set (as every function of the core). */
+typedef int (*tl_io_fn)(PyObject *owner);
+
+typedef struct {
+    tl_io_fn fn;              /* the owner's reader or writer, in C */
+    const char *name;         /* its Python method ("_read_ready"): for
+                                 reports, debug mode and _selector */
+    PyObject *owner;          /* the object it lives in (borrowed) */
+    PyObject *context;        /* a copy of the context at arm time, as
+                                 asyncio's add_reader Handle takes one */
+    unsigned char armed;      /* in the fd table (which holds a reference
+                                 to the owner meanwhile) */
+    unsigned char queued;     /* in the ready queue (holding a reference) */
+    unsigned char stale;      /* disarmed while queued: skip that item, as
+                                 asyncio skips a cancelled Handle */
+} tl_io_watcher;
+
+typedef struct {
+    PyObject *obj;            /* a Handle, or the watcher's owner (strong) */
+    tl_io_watcher *io;        /* NULL for a Handle */
+} tl_ready_item;
+
+typedef struct {
+    tl_ready_item *items;     /* a ring */
+    size_t head, len, cap;    /* cap: a power of two */
+} tl_ready_queue;
+
+static inline int
+tl_ready_grow(tl_ready_queue *q)
+{
+    size_t cap = q->cap ? q->cap * 2 : 256;
+    tl_ready_item *buf = PyMem_Malloc(cap * sizeof(*buf));
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < q->len; i++)
+        buf[i] = q->items[(q->head + i) & (q->cap - 1)];
+    PyMem_Free(q->items);
+    q->items = buf;
+    q->head = 0;
+    q->cap = cap;
+    return 0;
+}
+
+/* Steals the reference to obj (dropped if the queue cannot grow). */
+static inline int
+tl_ready_push(tl_ready_queue *q, PyObject *obj, tl_io_watcher *io)
+{
+    if (q->len == q->cap && tl_ready_grow(q) < 0) {
+        Py_DECREF(obj);
+        return -1;
+    }
+    tl_ready_item *it = &q->items[(q->head + q->len) & (q->cap - 1)];
+    it->obj = obj;
+    it->io = io;
+    q->len++;
+    return 0;
+}
+
+/* Queue a watcher's run (once: a second event before it ran is the same). */
+static inline int
+tl_ready_push_io(tl_ready_queue *q, tl_io_watcher *w)
+{
+    w->stale = 0;
+    if (w->queued)
+        return 0;
+    w->queued = 1;
+    return tl_ready_push(q, Py_NewRef(w->owner), w);
+}
+
+static inline tl_ready_item
+tl_ready_pop(tl_ready_queue *q)
+{
+    tl_ready_item it = q->items[q->head];
+    q->head = (q->head + 1) & (q->cap - 1);
+    q->len--;
+    if (it.io != NULL)
+        it.io->queued = 0;
+    return it;
+}
+
+static inline void
+tl_ready_clear(tl_ready_queue *q)
+{
+    while (q->len) {
+        tl_ready_item it = tl_ready_pop(q);
+        Py_DECREF(it.obj);
+    }
+}
+
+static inline int
+tl_ready_traverse(tl_ready_queue *q, visitproc visit, void *arg)
+{
+    for (size_t i = 0; i < q->len; i++)
+        Py_VISIT(q->items[(q->head + i) & (q->cap - 1)].obj);
+    return 0;
+}
+
+#endif
