@@ -30,7 +30,7 @@ Scenarios:
 Each child prints one "RESULT <json>" line; "errors" must be empty.  The exit
 status is non-zero if any scenario reports an error.
 
---sabotage (asyncio only, used by tests/test_stress.py) patches the stock loop
+--sabotage (asyncio only, used by tests/stress/test_stress.py) patches the stock loop
 with a scenario-specific bug (a corrupted byte, a dropped callback, a leaked
 fd, ...) so the tests can prove each scenario detects a broken loop.
 """

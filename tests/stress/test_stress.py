@@ -22,7 +22,7 @@ import pytest
 
 from loop_helpers import child_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "stress" / "run.py"
 sys.path.insert(0, str(RUNNER.parent))
 import run as stress_run  # noqa: E402  (the sizes the runner uses)
