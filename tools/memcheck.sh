@@ -29,7 +29,7 @@ if "$PY" -c 'import sys, glob, sysconfig; sys.exit(not glob.glob("src/tideloop/_
     export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 fi
 # One report per process (%p): forked children inherit valgrind until they
-# exec.  Leaks are not checked here (tests/stress/test_leak*.py do that).
+# exec.  Leaks are not checked here (tests/stress/test_leaks.py does that).
 set +e
 PYTHONMALLOC=malloc valgrind --tool=memcheck --error-exitcode=0 --num-callers=40 \
     --leak-check=no --xml=yes --xml-file="$OUT/memcheck.%p.xml" \

@@ -6,7 +6,7 @@
 # runtimes are preloaded into the interpreter, and PYTHONMALLOC=malloc lets
 # ASan see every Python allocation.  Any report aborts the process, so the
 # run fails.  Leak detection is off: the interpreter itself does not free
-# everything at exit (tests/stress/test_leak*.py check our leaks instead).
+# everything at exit (tests/stress/test_leaks.py checks our leaks instead).
 #
 #   bash tools/sanitize.sh                 # the whole suite
 #   bash tools/sanitize.sh -k tideloop     # extra pytest arguments
