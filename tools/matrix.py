@@ -167,7 +167,7 @@ def run_leg(leg, args):
             cmd += ["-X", "dev"]
             test_env["PYTHONMALLOC"] = "debug"
         cmd += ["-m", "pytest", "tests", "-q", "-p", "no:cacheprovider",
-                "--ignore=tests/test_packaging.py"]
+                "--ignore=tests/tooling/test_packaging.py"]
         ok_tests = step("suite" + (" (-X dev, debug allocator)" if leg == args.dev_mode else ""),
                         cmd, env=test_env)
         res["pytest"] = pytest_counts(logf)

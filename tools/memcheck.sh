@@ -9,16 +9,16 @@
 # CI runs it; about 4 minutes for the default subset.
 #
 #   bash tools/memcheck.sh            # the default subset
-#   bash tools/memcheck.sh tests/test_timers.py -k tideloop
+#   bash tools/memcheck.sh tests/loop/test_timers.py -k tideloop
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY="${PYTHON:-python3}"
 REALPY=$("$PY" -c 'import sys; print(sys.executable)')
 cd "$ROOT"
 if [ $# -eq 0 ]; then
-    set -- tests/test_scheduling.py tests/test_timers.py tests/test_context_snapshots.py \
-           tests/test_readers_writers.py tests/test_tcp_transport.py tests/test_sock_ops.py \
-           tests/test_udp.py tests/test_pipes.py tests/test_stats.py tests/test_lifecycle.py \
+    set -- tests/loop/test_scheduling.py tests/loop/test_timers.py tests/loop/test_context_snapshots.py \
+           tests/loop/test_readers_writers.py tests/net/test_tcp_transport.py tests/net/test_sock_ops.py \
+           tests/net/test_udp.py tests/pipes/test_pipes.py tests/loop/test_stats.py tests/loop/test_lifecycle.py \
            -k "tideloop and not accumulate"   # (that one is a timing test)
 fi
 command -v valgrind >/dev/null || { echo "memcheck: valgrind is not installed"; exit 1; }
@@ -29,7 +29,7 @@ if "$PY" -c 'import sys, glob, sysconfig; sys.exit(not glob.glob("src/tideloop/_
     export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 fi
 # One report per process (%p): forked children inherit valgrind until they
-# exec.  Leaks are not checked here (tests/test_leak*.py do that).
+# exec.  Leaks are not checked here (tests/stress/test_leaks.py does that).
 set +e
 PYTHONMALLOC=malloc valgrind --tool=memcheck --error-exitcode=0 --num-callers=40 \
     --leak-check=no --xml=yes --xml-file="$OUT/memcheck.%p.xml" \

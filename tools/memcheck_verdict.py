@@ -17,7 +17,7 @@ A frame is ours when its object file or its source path contains one of the
 errors with no frame of ours (the interpreter's own: its GC and libc's
 vectorised string compares trip memcheck by design) are summarised by kind.
 Leaks are not judged here: the interpreter does not free everything at exit,
-and tests/test_leak*.py check ours.
+and tests/stress/test_leaks.py checks ours.
 """
 import argparse
 import collections

@@ -6,7 +6,7 @@
 # runtimes are preloaded into the interpreter, and PYTHONMALLOC=malloc lets
 # ASan see every Python allocation.  Any report aborts the process, so the
 # run fails.  Leak detection is off: the interpreter itself does not free
-# everything at exit (tests/test_leak*.py check our leaks instead).
+# everything at exit (tests/stress/test_leaks.py checks our leaks instead).
 #
 #   bash tools/sanitize.sh                 # the whole suite
 #   bash tools/sanitize.sh -k tideloop     # extra pytest arguments
@@ -29,10 +29,10 @@ export TIDELOOP_SANITIZE_RUN=1   # stress sizes scaled down (ASan is slower)
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 set +e
-# tests/test_packaging.py builds release artefacts from a complete tree (this
+# tests/tooling/test_packaging.py builds release artefacts from a complete tree (this
 # copy is not one) and runs no tideloop code in this process: not here.
 PYTHONPATH=src "$PY" -m pytest tests -q -p no:cacheprovider \
-    --ignore=tests/test_packaging.py "$@" 2>&1 | tee log.txt
+    --ignore=tests/tooling/test_packaging.py "$@" 2>&1 | tee log.txt
 rc=${PIPESTATUS[0]}
 set -e
 if grep -qE "ERROR: AddressSanitizer|runtime error:" log.txt; then

@@ -4,7 +4,7 @@ fallback.
 
 A name that a later (or earlier) interpreter no longer has never fails the
 import: it selects the fallback, and ``ENTRIES`` records which branch the
-running interpreter took (``tests/test_compat.py`` asserts the expected
+running interpreter took (``tests/compat/test_compat.py`` asserts the expected
 branch per version).  The C core takes what it needs from here at module
 init (``tideloop._core`` reads the attributes of this module), and its own
 C-level entries live in ``_core/compat.h`` (listed as ``tideloop._core.compat``).

@@ -12,7 +12,7 @@ import pytest
 
 from loop_helpers import child_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 PROGRAMS = {
     "issue-one-liner": """

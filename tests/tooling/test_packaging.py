@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SKIP_VAR = "TIDELOOP_SKIP_PACKAGING"
 
 pytestmark = [
@@ -125,9 +125,9 @@ def _expected_sdist_files(tree):
     globs = [
         "src/tideloop/*.py", "src/tideloop/*.pyi", "src/tideloop/py.typed",
         "src/tideloop/_core/*.c", "src/tideloop/_core/*.h",
-        "tests/*.py", "tests/conformance/*",
+        "tests/**/*.py", "tests/conformance/*",
         "bench/*.py", "bench/*.c", "bench/README.md",
-        "stress/*.py", "tools/*.sh", "tools/*.py",
+        "stress/**/*.py", "tools/*.sh", "tools/*.py",
     ]
     for g in globs:
         want.update(p.relative_to(tree).as_posix()
@@ -279,7 +279,7 @@ def test_sdist_carries_what_its_tests_need(dists):
     required = {
         "LICENSE", "README.md", "setup.py", "pyproject.toml", "MANIFEST.in",
         "tests/conftest.py", "tests/loop_helpers.py", "tests/net_helpers.py",
-        "tests/test_public_api.py", "tests/test_packaging.py",
+        "tests/compat/test_public_api.py", "tests/tooling/test_packaging.py",
         "tests/conformance/run.py", "tests/conformance/conftest.py",
         "tests/conformance/child.py", "tests/conformance/standin.py",
         "tests/conformance/known_failures.txt",
@@ -356,8 +356,8 @@ def test_sdist_installs_and_its_own_tests_pass(sdist_install):
     assert len(paths) == 2 and all(venv in p.parents for p in paths), where.stdout
     assert not list((src / "src" / "tideloop").glob("_core*.so"))
     p = _run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-              "tests/test_public_api.py"],
-             cwd=src, timeout=300, what="the unpacked sdist's tests/test_public_api.py")
+              "tests/compat/test_public_api.py"],
+             cwd=src, timeout=300, what="the unpacked sdist's tests/compat/test_public_api.py")
     m = re.search(r"(\d+) passed", p.stdout)
     assert m and int(m.group(1)) > 0, p.stdout[-2000:]
     assert not re.search(r"\d+ (failed|error)", p.stdout), p.stdout[-4000:]

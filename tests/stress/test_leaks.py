@@ -1,10 +1,19 @@
-"""Leak checks over realistic workloads (issue #4, reliability).
+"""Leak checks: repeat a workload, then compare what is left behind.
 
-Each test warms the workload up once (caches, freelists), collects garbage,
-takes a baseline of allocated blocks, open fds and RSS, repeats the workload,
-collects again and asserts every figure is back to its baseline within a
-tolerance.  Block tolerances are well below the number of iterations, so a leak
-of one object per iteration fails the test (see test_checker_catches_leaks).
+Two kinds, one after the other in this file:
+
+- Quick checks: a few rounds of each loop feature (callbacks and timers,
+  exceptions in callbacks, contexts, tasks, readers/writers, loops created
+  and closed) must not grow sys.getallocatedblocks() beyond a fixed
+  tolerance; closed loops, and unclosed loops in a reference cycle, are
+  garbage collected.
+
+- Workloads (issue #4, reliability): each test warms the workload up once
+  (caches, freelists), collects garbage, takes a baseline of allocated
+  blocks, open fds and RSS, repeats the workload, collects again and asserts
+  every figure is back to its baseline within a tolerance.  Block tolerances
+  are well below the number of iterations, so a leak of one object per
+  iteration fails the test (see test_checker_catches_leaks).
 """
 import asyncio
 import gc
@@ -12,21 +21,10 @@ import os
 import signal
 import socket
 import sys
+import warnings
+import weakref
 
 import pytest
-
-
-# sys.getallocatedblocks() counts pymalloc blocks and RSS is meaningless under
-# ASan's quarantine: the sanitizer run (tools/sanitize.sh) checks memory
-# errors, these tests check leaks in a normal build.
-pytestmark = pytest.mark.skipif(
-    os.environ.get("PYTHONMALLOC", "").startswith("malloc"),
-    reason="leak checks need pymalloc (PYTHONMALLOC=malloc is set)")
-
-
-PAGE = os.sysconf("SC_PAGE_SIZE")
-RSS_TOLERANCE = 8 * 1024 * 1024
-STEP = 5.0
 
 
 class Payload:
@@ -35,6 +33,203 @@ class Payload:
 
 def _cb(*args):
     pass
+
+
+# --------------------------------------------------------- quick checks
+
+contexts_var = __import__("contextvars").ContextVar("leakvar", default=0)
+
+
+def _blocks():
+    gc.collect()
+    gc.collect()
+    return sys.getallocatedblocks()
+
+
+def _check_no_growth(workload, rounds=3, tolerance=3_000):
+    workload()  # warm up caches, freelists
+    workload()
+    before = _blocks()
+    for _ in range(rounds):
+        workload()
+    after = _blocks()
+    assert after - before < tolerance, f"grew by {after - before} blocks"
+
+
+def _bad(*args):
+    raise ValueError("x" * 10)
+
+
+def test_no_leak_call_soon_and_timers(loop):
+    def workload():
+        for i in range(5_000):
+            loop.call_soon(_cb, Payload(), i)
+            loop.call_later(0, _cb, Payload())
+            loop.call_at(loop.time() + 100, _cb, Payload()).cancel()
+        loop.call_later(0.001, loop.stop)
+        loop.run_forever()
+
+    _check_no_growth(workload)
+
+
+def test_no_leak_exceptions_in_callbacks(loop):
+    loop.set_exception_handler(lambda lp, ctx: None)
+
+    def workload():
+        for i in range(2_000):
+            loop.call_soon(_bad, Payload())
+            loop.call_later(0, _bad)
+        loop.call_later(0.001, loop.stop)
+        loop.run_forever()
+
+    _check_no_growth(workload)
+
+
+def test_no_leak_default_handler_logging(loop):
+    import logging
+
+    logger = logging.getLogger("asyncio")
+    old = logger.disabled
+    logger.disabled = True
+    try:
+        def workload():
+            for i in range(500):
+                loop.call_soon(_bad, Payload())
+            loop.call_soon(loop.stop)
+            loop.run_forever()
+
+        _check_no_growth(workload)
+    finally:
+        logger.disabled = old
+
+
+def test_no_leak_contexts_and_threadsafe(loop):
+    def workload():
+        for i in range(3_000):
+            ctx = __import__("contextvars").copy_context()
+            loop.call_soon(contexts_var.set, i, context=ctx)
+            loop.call_soon_threadsafe(_cb, Payload())
+        loop.call_soon(loop.stop)
+        loop.run_forever()
+
+    _check_no_growth(workload)
+
+
+def test_no_leak_tasks_and_futures(loop):
+    async def child(i):
+        await asyncio.sleep(0)
+        if i % 3 == 0:
+            raise KeyError(i)
+        return Payload()
+
+    async def main():
+        await asyncio.gather(*(child(i) for i in range(1_000)), return_exceptions=True)
+        async with asyncio.timeout(10):
+            for _ in range(200):
+                await asyncio.sleep(0)
+
+    _check_no_growth(lambda: loop.run_until_complete(main()))
+
+
+def test_no_leak_readers_writers(loop):
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    try:
+        def workload():
+            for i in range(1_000):
+                loop.add_reader(a.fileno(), _cb, Payload())
+                loop.add_writer(a.fileno(), _cb, Payload())
+                loop.remove_writer(a.fileno())
+                loop.remove_reader(a.fileno())
+            state = {"n": 0}
+
+            def on_read():
+                a.recv(1)
+                state["n"] += 1
+                if state["n"] == 200:
+                    loop.remove_reader(a.fileno())
+                    loop.stop()
+
+            loop.add_reader(a.fileno(), on_read)
+            b.send(b"x" * 200)
+            loop.call_later(5, loop.stop)
+            loop.run_forever()
+
+        _check_no_growth(workload)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_no_leak_loop_create_close(raw_loop_factory):
+    def workload():
+        for _ in range(100):
+            lp = raw_loop_factory()
+            lp.call_soon(_cb, Payload())
+            lp.call_later(10, _cb, Payload())
+            lp.run_until_complete(asyncio.sleep(0))
+            lp.close()
+
+    _check_no_growth(workload, tolerance=5_000)
+
+
+class Holder:
+    def __init__(self, lp):
+        self.lp = lp
+
+    def method(self):
+        pass
+
+
+def test_closed_loop_is_collected(raw_loop_factory):
+    lp = raw_loop_factory()
+    lp.call_later(100, Holder(lp).method)
+    lp.run_until_complete(asyncio.sleep(0))
+    lp.close()
+    ref = weakref.ref(lp)
+    del lp
+    gc.collect()
+    assert ref() is None
+
+
+@pytest.mark.parametrize("where", ["ready", "timer", "reader"])
+def test_unclosed_loop_in_cycle_is_collected(raw_loop_factory, where):
+    """A cycle through a pending callback (loop -> handle -> bound method ->
+    Holder -> loop) must be visible to the GC."""
+    a, b = socket.socketpair()
+    try:
+        lp = raw_loop_factory()
+        cb = Holder(lp).method
+        if where == "ready":
+            lp.call_soon(cb)
+        elif where == "timer":
+            lp.call_later(100, cb)
+        else:
+            lp.add_reader(a.fileno(), cb)
+        ref = weakref.ref(lp)
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            del lp, cb
+            gc.collect()
+            gc.collect()
+        assert ref() is None
+    finally:
+        a.close()
+        b.close()
+
+
+# ------------------------------------------------------------ workloads
+
+# sys.getallocatedblocks() counts pymalloc blocks and RSS is meaningless under
+# ASan's quarantine: the sanitizer run (tools/sanitize.sh) checks memory
+# errors, these tests check leaks in a normal build.
+needs_pymalloc = pytest.mark.skipif(
+    os.environ.get("PYTHONMALLOC", "").startswith("malloc"),
+    reason="leak checks need pymalloc (PYTHONMALLOC=malloc is set)")
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+RSS_TOLERANCE = 8 * 1024 * 1024
+STEP = 5.0
 
 
 def _snapshot():
@@ -263,25 +458,30 @@ def _loops_workload(factory, n, sink=None):
 # ------------------------------------------------------------------- tests
 
 
+@needs_pymalloc
 def test_no_leak_call_soon_call_later_cancel(loop):
     # 100k iterations in total (each: call_soon + call_later + cancelled timer)
     _check(_callbacks_workload(loop, 50_000), 50_000)
 
 
+@needs_pymalloc
 def test_no_leak_tasks(loop):
     _check(_tasks_workload(loop, 5_000), 5_000)
 
 
+@needs_pymalloc
 def test_no_leak_tcp_connections(loop):
     # Connection setup touches more caches than the other workloads (observed
     # noise up to ~200 blocks); 1,000 is still below one block per connection.
     _check(_tcp_connections_workload(loop, 1_000), 1_000, block_tolerance=1_000)
 
 
+@needs_pymalloc
 def test_no_leak_echo_requests(loop):
     _check(_echo_requests_workload(loop, 25_000), 25_000)
 
 
+@needs_pymalloc
 def test_no_leak_add_remove_reader(loop):
     _check(_readers_workload(loop, 5_000), 5_000)
 
@@ -294,16 +494,19 @@ def _restore_sigusr1():
     signal.set_wakeup_fd(-1)
 
 
+@needs_pymalloc
 def test_no_leak_signal_handlers(loop, _restore_sigusr1):
     _check(_signals_workload(loop, 500), 500)
 
 
+@needs_pymalloc
 def test_no_leak_loops_created_and_closed(raw_loop_factory):
     # raw factory: the new_loop fixture keeps every loop it made alive.
     _check(_loops_workload(raw_loop_factory, 100), 100)
 
 
 # The checker itself must catch a leak of one small object per iteration.
+@needs_pymalloc
 @pytest.mark.parametrize(
     "make, n",
     [
@@ -320,12 +523,14 @@ def test_checker_catches_leaks(loop, _restore_sigusr1, make, n):
         _check(make(loop, n, sink=sink), n)
 
 
+@needs_pymalloc
 def test_checker_catches_leaked_loops(raw_loop_factory):
     sink = []
     with pytest.raises(AssertionError, match="allocated blocks grew"):
         _check(_loops_workload(raw_loop_factory, 100, sink=sink), 100)
 
 
+@needs_pymalloc
 def test_checker_catches_leaked_fd(loop):
     kept = []
 

@@ -23,7 +23,7 @@ import pytest
 
 from loop_helpers import child_env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUNNER = REPO / "tests" / "conformance" / "run.py"
 TIMEOUT = 25
 MODULE = "test_context"         # one test, one loop on a loop side: about a second

@@ -22,10 +22,11 @@ import pytest
 
 from loop_helpers import child_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "stress" / "run.py"
 sys.path.insert(0, str(RUNNER.parent))
 import run as stress_run  # noqa: E402  (the sizes the runner uses)
+from scenarios.g_close_with_live_fds import expected_warnings  # noqa: E402
 
 SANITIZE = os.environ.get("TIDELOOP_SANITIZE_RUN") == "1"
 SCALE = 0.1 if SANITIZE else 1.0
@@ -129,7 +130,7 @@ def test_close_loop_with_live_transports(tmp_path, loop_name):
     assert d["fds_open_with_loop_alive"] == 0
     warned = {k: v for k, v in d["resource_warnings"].items()
               if k != "unclosed connected socket"}
-    assert warned == stress_run.expected_warnings(SZ["g_conns"])
+    assert warned == expected_warnings(SZ["g_conns"])
 
 
 @pytest.mark.parametrize("scenario", list(stress_run.SCENARIOS))

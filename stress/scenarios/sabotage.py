@@ -1,0 +1,39 @@
+"""--sabotage: known bugs planted in the stock loop, one per scenario, so the
+tests can show that each scenario detects a broken loop."""
+
+from __future__ import annotations
+
+import os
+
+
+def apply_sabotage(scenario, loop):
+    from asyncio import selector_events as se, transports
+    if scenario == "a":  # flip a bit in one echoed message
+        orig, count = se._SelectorSocketTransport.write, [0]
+
+        def write(self, data):
+            count[0] += 1
+            if count[0] == 77:
+                data = bytes(data[:-1]) + bytes([data[-1] ^ 1])
+            return orig(self, data)
+        se._SelectorSocketTransport.write = write
+    elif scenario == "b":  # leak the socket of every 10th lost connection
+        orig, count = se._SelectorTransport._call_connection_lost, [0]
+
+        def lost(self, exc):
+            count[0] += 1
+            if count[0] % 10 == 0:
+                os.dup(self._sock.fileno())  # a copy nobody closes
+            return orig(self, exc)
+        se._SelectorTransport._call_connection_lost = lost
+    elif scenario == "c":  # never pause the protocol
+        transports._FlowControlMixin._maybe_pause_protocol = lambda self: None
+    elif scenario == "d":  # swallow the EMFILE report
+        orig = loop.call_exception_handler
+        loop.call_exception_handler = lambda ctx: (
+            None if "out of system resource" in str(ctx.get("message")) else orig(ctx))
+    elif scenario == "f":  # drop every signal
+        loop._handle_signal = lambda sig: None
+    elif scenario == "g":  # transports neither warn nor close when collected
+        se._SelectorTransport.__del__ = lambda self: None
+    # e is sabotaged inside scenario_e (it replaces call_soon_threadsafe)
