@@ -21,7 +21,8 @@ How a figure is made (see "How we measure" in the architecture guide):
   a C no-op, so the per-operation cost is the loop's, not the benchmark's.
 
 This module must import with the standard library only: ``bench/micro.py`` loads
-it by path when the tideloop package itself cannot be imported (core not built).
+this package by path when the tideloop package itself cannot be imported (core
+not built).
 """
 
 from __future__ import annotations
@@ -975,6 +976,3 @@ def main(argv=None, prog=None, invocation=("-m", "tideloop", "bench")):
     args = build_parser(prog).parse_args(argv)
     return run_from_args(args, invocation)
 
-
-if __name__ == "__main__":
-    sys.exit(main(prog="python -m tideloop._bench", invocation=("-m", "tideloop._bench")))
