@@ -7,6 +7,7 @@ bench/io_worker.py).  Standard library only, no relative imports: the
 drivers also load this file by path in a child process (procs.loop_versions).
 """
 
+import argparse
 import asyncio
 import json
 import os
@@ -16,6 +17,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 import traceback
 
 ALL_LOOPS = ("asyncio", "uvloop", "tideloop")
@@ -274,6 +276,16 @@ def add_verdict_options(parser):
                         help="also print every sample")
 
 
+def worker_parser(doc, loops, kinds, port_help):
+    """A worker's command line: --loop, --kind, --port, --host."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--loop", choices=loops, required=True)
+    p.add_argument("--kind", choices=kinds, required=True)
+    p.add_argument("--port", type=int, default=0, help=port_help)
+    p.add_argument("--host", default="127.0.0.1")
+    return p
+
+
 def missed(rows):
     """Exit status for --fail-on-miss: 1 if a row is FAIL or ERROR."""
     return 1 if any(r["verdict"] in ("FAIL", "ERROR") for r in rows) else 0
@@ -333,6 +345,29 @@ def usable_cpus():
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count()
+
+
+def log_stderr(msg):
+    """Progress: stderr, flushed (the table goes to stdout)."""
+    sys.stderr.write(msg)
+    sys.stderr.flush()
+
+
+def print_reproduce(command, elapsed):
+    """The last lines under a table: the command that reproduces it, the time taken."""
+    print(f"reproduce: {command}")
+    print(f"({elapsed:.1f} s)")
+
+
+def json_head(fmt, command, started, elapsed):
+    """The first keys of every benchmark's JSON document."""
+    return {
+        "format": fmt,
+        "command": command,
+        "argv": sys.argv,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "elapsed_s": round(elapsed, 3),
+    }
 
 
 def write_json(path, doc):

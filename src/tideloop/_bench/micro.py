@@ -795,16 +795,11 @@ def run_from_args(args, invocation=("-m", "tideloop", "bench")):
                       + "  cpu " + " ".join(_fmt_ns(x) for x in cpu))
     for line in footer_lines(args):
         print(line)
-    print(f"reproduce: {command}")
-    print(f"({elapsed:.1f} s)")
+    harness.print_reproduce(command, elapsed)
 
     if args.json:
-        doc = {
-            "format": "tideloop-microbench/1",
-            "command": command,
-            "argv": sys.argv,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-            "elapsed_s": round(elapsed, 3),
+        doc = harness.json_head("tideloop-microbench/1", command, started, elapsed)
+        doc.update({
             "repeat": args.repeat,
             "quick": args.quick,
             "scale": args.scale,
@@ -813,7 +808,7 @@ def run_from_args(args, invocation=("-m", "tideloop", "bench")):
             "warmup": args.warmup,
             "environment": environment,
             "results": results,
-        }
+        })
         harness.write_json(args.json, doc)
 
     return harness.missed(results) if args.fail_on_miss else 0
