@@ -19,38 +19,26 @@ until killed (SIGTERM).  Every kind echoes what it reads, as soon as it reads it
                await loop.sock_sendall(sock, data); TCP_NODELAY on accepted sockets
                (the transports of the other kinds set it themselves)
 
-The loop is chosen with asyncio.Runner(loop_factory=...): asyncio is the stock
-asyncio.SelectorEventLoop, uvloop is uvloop.new_event_loop, tideloop is
-tideloop.new_event_loop (import it from the checkout with PYTHONPATH=src).
+The loop is chosen with asyncio.Runner(loop_factory=...) (harness.run_on_loop
+in src/tideloop/_bench/): asyncio is the stock asyncio.SelectorEventLoop,
+uvloop is uvloop.new_event_loop, tideloop is tideloop.new_event_loop (import
+it from the checkout with PYTHONPATH=src).
 
 Any failure before "READY" (an ImportError, NotImplementedError from a loop
 that lacks the API, a bind error) exits with status 1 and a one-line reason on
 stderr ("echo_servers: ERROR: ..."), after the traceback.
 """
 
-import argparse
 import asyncio
 import os
 import socket
-import sys
-import traceback
+
+from _harness import harness
 
 KINDS = ("protocol", "buffered", "streams", "sockets")
-LOOPS = ("asyncio", "uvloop", "tideloop")
+LOOPS = harness.ALL_LOOPS
 READ_SIZE = 65536
 BUFFER_SIZE = 256 * 1024
-
-
-def loop_factory(name):
-    if name == "asyncio":
-        return asyncio.SelectorEventLoop
-    if name == "uvloop":
-        import uvloop
-        return uvloop.new_event_loop
-    if name == "tideloop":
-        import tideloop
-        return tideloop.new_event_loop
-    raise ValueError(f"unknown loop {name!r}")
 
 
 # -- protocol ---------------------------------------------------------------
@@ -194,12 +182,8 @@ async def main(args):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--loop", choices=LOOPS, required=True)
-    p.add_argument("--kind", choices=KINDS, required=True)
-    p.add_argument("--port", type=int, default=0,
-                   help="TCP port on --host (0: a free one, printed after READY)")
-    p.add_argument("--host", default="127.0.0.1")
+    p = harness.worker_parser(__doc__, LOOPS, KINDS, port_help="TCP port on --host "
+                              "(0: a free one, printed after READY)")
     p.add_argument("--unix", default=None, metavar="PATH",
                    help="listen on this Unix socket instead of TCP")
     return p
@@ -207,16 +191,4 @@ def build_parser():
 
 if __name__ == "__main__":
     args = build_parser().parse_args()
-    try:
-        factory = loop_factory(args.loop)
-        with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(main(args))
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except BaseException as exc:
-        if isinstance(exc, SystemExit):
-            raise
-        traceback.print_exc()
-        reason = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
-        print(f"echo_servers: ERROR: {reason}", file=sys.stderr, flush=True)
-        sys.exit(1)
+    harness.worker_main("echo_servers", lambda: harness.run_on_loop(args.loop, main, args))

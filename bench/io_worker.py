@@ -39,31 +39,18 @@ copy and the syscalls.  Any failure exits with status 1 and a one-line reason
 on stderr ("io_worker: ERROR: ..."), after the traceback.
 """
 
-import argparse
 import asyncio
 import json
 import os
 import resource
 import subprocess
-import sys
 import time
-import traceback
+
+from _harness import harness
 
 KINDS = ("udp", "spawn", "spawn_pipe", "pipe_read", "pipe_write")
-LOOPS = ("asyncio", "uvloop", "tideloop", "blocking")
+LOOPS = harness.ALL_LOOPS + ("blocking",)
 ECHO_TEXT = b"tideloop"
-
-
-def loop_factory(name):
-    if name == "asyncio":
-        return asyncio.SelectorEventLoop
-    if name == "uvloop":
-        import uvloop
-        return uvloop.new_event_loop
-    if name == "tideloop":
-        import tideloop
-        return tideloop.new_event_loop
-    raise ValueError(f"unknown loop {name!r}")
 
 
 # -- udp ----------------------------------------------------------------------
@@ -135,23 +122,51 @@ class CountingReader(asyncio.Protocol):
                 self.done.set_exception(exc)
 
 
+def zeros_child(nbytes):
+    """A child writing ``nbytes`` (whole MiB) of zeros into its stdout pipe."""
+    return subprocess.Popen(["dd", "if=/dev/zero", "bs=1M", f"count={nbytes >> 20}",
+                             "status=none"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+
+
+def reap(child, pipe):
+    """Close our end of the child's pipe, wait for the child; its exit status."""
+    try:
+        pipe.close()
+    except OSError:
+        pass
+    return child.wait()
+
+
+def check_read(got, nbytes, status):
+    if got != nbytes or status != 0:
+        raise AssertionError(f"read {got} of {nbytes} bytes; writer exited with {status}")
+
+
+def sink_child():
+    """A child reading its stdin pipe to the end (into /dev/null)."""
+    with open(os.devnull, "wb") as devnull:
+        return subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=devnull)
+
+
+def check_written(status):
+    if status != 0:
+        raise AssertionError(f"cat exited with status {status}")
+
+
 async def pipe_read(nbytes):
     loop = asyncio.get_running_loop()
-    mib, rest = divmod(nbytes, 1 << 20)
-    if rest:
+    if nbytes % (1 << 20):
         raise ValueError("--bytes must be a multiple of 1 MiB for pipe_read")
-    child = subprocess.Popen(["dd", "if=/dev/zero", "bs=1M", f"count={mib}", "status=none"],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    child = zeros_child(nbytes)
     try:
         done = loop.create_future()
         transport, proto = await loop.connect_read_pipe(lambda: CountingReader(done), child.stdout)
         got = await done
         transport.close()
     finally:
-        child.stdout.close()
-        status = child.wait()
-    if got != nbytes or status != 0:
-        raise AssertionError(f"read {got} of {nbytes} bytes; writer exited with {status}")
+        status = reap(child, child.stdout)
+    check_read(got, nbytes, status)
     return nbytes
 
 
@@ -205,8 +220,7 @@ async def pipe_write(nbytes, chunk_size):
     loop = asyncio.get_running_loop()
     if nbytes % chunk_size:
         raise ValueError("--bytes must be a multiple of --chunk for pipe_write")
-    with open(os.devnull, "wb") as devnull:
-        child = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=devnull)
+    child = sink_child()
     try:
         written = loop.create_future()
         done = loop.create_future()
@@ -218,20 +232,13 @@ async def pipe_write(nbytes, chunk_size):
         transport.close()           # connection_lost once the buffer is flushed
         await done
     finally:
-        try:
-            child.stdin.close()
-        except OSError:
-            pass
-        status = child.wait()
-    if status != 0:
-        raise AssertionError(f"cat exited with status {status}")
+        status = reap(child, child.stdin)
+    check_written(status)
     return nbytes
 
 
 def blocking_pipe_read(nbytes):
-    mib = nbytes >> 20
-    child = subprocess.Popen(["dd", "if=/dev/zero", "bs=1M", f"count={mib}", "status=none"],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    child = zeros_child(nbytes)
     fd = child.stdout.fileno()
     bufs = [bytearray(256 * 1024)]
     got = 0
@@ -243,16 +250,13 @@ def blocking_pipe_read(nbytes):
                 break
             got += n
     finally:
-        child.stdout.close()
-        status = child.wait()
-    if got != nbytes or status != 0:
-        raise AssertionError(f"read {got} of {nbytes} bytes; writer exited with {status}")
+        status = reap(child, child.stdout)
+    check_read(got, nbytes, status)
     return nbytes
 
 
 def blocking_pipe_write(nbytes, chunk_size):
-    with open(os.devnull, "wb") as devnull:
-        child = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=devnull)
+    child = sink_child()
     fd = child.stdin.fileno()
     chunk = bytes(chunk_size)
     write = os.write
@@ -261,10 +265,8 @@ def blocking_pipe_write(nbytes, chunk_size):
             if write(fd, chunk) != chunk_size:      # blocking pipe: all or error
                 raise AssertionError("short write to a blocking pipe")
     finally:
-        child.stdin.close()
-        status = child.wait()
-    if status != 0:
-        raise AssertionError(f"cat exited with status {status}")
+        status = reap(child, child.stdin)
+    check_written(status)
     return nbytes
 
 
@@ -316,12 +318,8 @@ async def measure(args):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--loop", choices=LOOPS, required=True)
-    p.add_argument("--kind", choices=KINDS, required=True)
-    p.add_argument("--port", type=int, default=0,
-                   help="udp: UDP port on --host (0: a free one, printed after READY)")
-    p.add_argument("--host", default="127.0.0.1")
+    p = harness.worker_parser(__doc__, LOOPS, KINDS, port_help="udp: UDP port on --host "
+                              "(0: a free one, printed after READY)")
     p.add_argument("--count", type=int, default=1000,
                    help="spawn*: processes (default: %(default)s)")
     p.add_argument("--concurrency", type=int, default=50,
@@ -335,33 +333,25 @@ def build_parser():
     return p
 
 
+def run(args):
+    if args.loop == "blocking":
+        if not args.kind.startswith("pipe_"):
+            raise ValueError(f"--loop blocking is for pipe_read/pipe_write, not {args.kind}")
+        # No event loop: drive the coroutines by hand (they never suspend).
+        coro = measure(args)
+        try:
+            coro.send(None)
+        except StopIteration:
+            pass
+        else:
+            raise RuntimeError("the blocking workload suspended")
+        return
+    harness.run_on_loop(args.loop, serve_udp if args.kind == "udp" else measure, args)
+
+
 def main():
     args = build_parser().parse_args()
-    try:
-        if args.loop == "blocking":
-            if not args.kind.startswith("pipe_"):
-                raise ValueError(f"--loop blocking is for pipe_read/pipe_write, not {args.kind}")
-            # No event loop: drive the coroutines by hand (they never suspend).
-            coro = measure(args)
-            try:
-                coro.send(None)
-            except StopIteration:
-                pass
-            else:
-                raise RuntimeError("the blocking workload suspended")
-            return
-        factory = loop_factory(args.loop)
-        with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(serve_udp(args) if args.kind == "udp" else measure(args))
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except BaseException as exc:
-        if isinstance(exc, SystemExit):
-            raise
-        traceback.print_exc()
-        reason = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
-        print(f"io_worker: ERROR: {reason}", file=sys.stderr, flush=True)
-        sys.exit(1)
+    harness.worker_main("io_worker", lambda: run(args))
 
 
 if __name__ == "__main__":

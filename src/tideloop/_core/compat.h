@@ -5,7 +5,7 @@
  * elsewhere; a missing name selects its fallback at compile time, never a
  * build error.  TL_COMPAT_ENTRIES lists them with the branch this build
  * took; module init exports the list as tideloop._core.compat, and
- * tests/test_compat.py asserts the branch expected for the running
+ * tests/compat/test_compat.py asserts the branch expected for the running
  * interpreter.  (The Python side's entries live in tideloop/_compat.py.)
  *
  * Layouts of CPython objects the core relies on (the Context object, the

@@ -21,7 +21,8 @@ How a figure is made (see "How we measure" in the architecture guide):
   a C no-op, so the per-operation cost is the loop's, not the benchmark's.
 
 This module must import with the standard library only: ``bench/micro.py`` loads
-it by path when the tideloop package itself cannot be imported (core not built).
+this package by path when the tideloop package itself cannot be imported (core
+not built).
 """
 
 from __future__ import annotations
@@ -31,25 +32,22 @@ import asyncio
 import faulthandler
 import functools
 import gc
-import json
 import operator
 import os
 import platform
 import random
-import shlex
-import shutil
 import signal
-import statistics
-import subprocess
 import sys
 import threading
 import time
 from collections import deque
 from itertools import repeat
 
+from . import harness
+from .harness import ALL_LOOPS, RunError, exc_reason
+
 __all__ = ["BENCHMARKS", "add_arguments", "main", "run_from_args"]
 
-ALL_LOOPS = ("asyncio", "uvloop", "tideloop")
 SEED = 20240611
 
 # A callback that costs next to nothing and is the same C call for every loop:
@@ -345,68 +343,15 @@ def _fmt_count(n):
 
 
 # --------------------------------------------------------------------------
-# Loops
-# --------------------------------------------------------------------------
-
-class LoopSpec:
-    __slots__ = ("name", "factory", "info", "error")
-
-    def __init__(self, name, factory=None, info="", error=None):
-        self.name = name
-        self.factory = factory
-        self.info = info
-        self.error = error
-
-
-def _exc_reason(exc):
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _load_loop(name):
-    if name == "asyncio":
-        return LoopSpec(name, asyncio.SelectorEventLoop,
-                        f"asyncio.SelectorEventLoop (CPython {platform.python_version()})")
-    if name == "uvloop":
-        try:
-            import uvloop
-        except Exception as exc:  # ImportError and anything a broken install raises
-            return LoopSpec(name, error=f"uvloop not available ({_exc_reason(exc)})")
-        return LoopSpec(name, uvloop.new_event_loop,
-                        f"uvloop {getattr(uvloop, '__version__', '?')}")
-    if name == "tideloop":
-        try:
-            import tideloop
-            factory = getattr(tideloop, "new_event_loop", None) or tideloop.Loop
-        except Exception as exc:
-            return LoopSpec(name, error=f"tideloop not importable ({_exc_reason(exc)})")
-        version = getattr(tideloop, "__version__", None)
-        if version is None:
-            try:
-                from tideloop._version import __version__ as version
-            except Exception:
-                version = "?"
-        where = ""
-        core = sys.modules.get("tideloop._core")
-        if core is not None and getattr(core, "__file__", None):
-            where = f" ({core.__file__})"
-        return LoopSpec(name, factory, f"tideloop {version}{where}")
-    raise ValueError(f"unknown loop {name!r} (choose from {', '.join(ALL_LOOPS)})")
-
-
-# --------------------------------------------------------------------------
 # Measuring
 # --------------------------------------------------------------------------
-
-class _Failure(Exception):
-    pass
-
 
 def _on_alarm(signum, frame):
     raise BenchTimeout()
 
 
 def _measure(spec, bench, n, timeout, keep_gc=False):
-    """One measurement on a fresh loop. Returns ns/op or raises _Failure."""
+    """One measurement on a fresh loop. Returns (wall, cpu) ns/op or raises RunError."""
     gc.collect()
     gc_was_enabled = gc.isenabled()
     if not keep_gc:
@@ -434,16 +379,16 @@ def _measure(spec, bench, n, timeout, keep_gc=False):
     except BenchTimeout:
         why = f"timed out after {timeout:g} s"
         if _THREAD_ERRORS:
-            why += f" (poster thread failed: {_exc_reason(_THREAD_ERRORS[0])})"
-        raise _Failure(why) from None
+            why += f" (poster thread failed: {exc_reason(_THREAD_ERRORS[0])})"
+        raise RunError(why) from None
     except Exception as exc:
         if errors:
             ctx = errors[0]
             detail = ctx.get("message", "")
             if ctx.get("exception") is not None:
-                detail += f" ({_exc_reason(ctx['exception'])})"
-            raise _Failure(f"exception handler called: {detail}") from None
-        raise _Failure(_exc_reason(exc)) from None
+                detail += f" ({exc_reason(ctx['exception'])})"
+            raise RunError(f"exception handler called: {detail}") from None
+        raise RunError(exc_reason(exc)) from None
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -456,12 +401,8 @@ def _measure(spec, bench, n, timeout, keep_gc=False):
         except Exception:
             pass
     if errors:
-        raise _Failure(f"exception handler called: {errors[0].get('message', '')}")
+        raise RunError(f"exception handler called: {errors[0].get('message', '')}")
     return elapsed / n, cpu / n
-
-
-def _median(xs):
-    return statistics.median(xs) if xs else None
 
 
 def bench_size(bench, quick, scale):
@@ -479,11 +420,10 @@ def run_benchmarks(specs, benches, repeat_count, quick, scale, timeout,
     name and size, a dot per repetition, a newline when done); ``on_row(row)``
     gets each result as soon as its benchmark is done."""
     names = [s.name for s in specs]
+    by_name = {s.name: s for s in specs}
     results = []
     for bench in benches:
         n = bench_size(bench, quick, scale)
-        samples = {name: [] for name in names}
-        cpu_samples = {name: [] for name in names}
         errors = {}
         if log:
             log(f"  {bench.name:<12} n={n:<8}")
@@ -491,24 +431,17 @@ def run_benchmarks(specs, benches, repeat_count, quick, scale, timeout,
             for spec in specs:
                 try:
                     _measure(spec, bench, max(2, n // 10), timeout, keep_gc)
-                except _Failure as exc:
+                except RunError as exc:
                     errors[spec.name] = str(exc)
-        for rep in range(repeat_count):
-            k = rep % len(specs)
-            for spec in specs[k:] + specs[:k]:      # rotate the order each repetition
-                if spec.name in errors:
-                    continue
-                try:
-                    wall, cpu = _measure(spec, bench, n, timeout, keep_gc)
-                    samples[spec.name].append(wall)
-                    cpu_samples[spec.name].append(cpu)
-                except _Failure as exc:
-                    errors[spec.name] = str(exc)
-            if log:
-                log(".")
-        wall = {name: _median(samples[name]) for name in names
+        pairs, errors = harness.interleave(
+            names, repeat_count,
+            lambda name: _measure(by_name[name], bench, n, timeout, keep_gc),
+            errors=errors, log=log)
+        samples = {name: [wall for wall, _ in xs] for name, xs in pairs.items()}
+        cpu_samples = {name: [cpu for _, cpu in xs] for name, xs in pairs.items()}
+        wall = {name: harness.median(samples[name]) for name in names
                 if name not in errors and samples[name]}
-        cpu = {name: _median(cpu_samples[name]) for name in names
+        cpu = {name: harness.median(cpu_samples[name]) for name in names
                if name not in errors and cpu_samples[name]}
         medians = cpu if clock == "cpu" else wall
         row = {
@@ -528,8 +461,8 @@ def run_benchmarks(specs, benches, repeat_count, quick, scale, timeout,
             "errors": errors,
         }
         tl, aio, uv = medians.get("tideloop"), medians.get("asyncio"), medians.get("uvloop")
-        row["ratio_vs_asyncio"] = tl / aio if tl and aio else None
-        row["ratio_vs_uvloop"] = tl / uv if tl and uv else None
+        row["ratio_vs_asyncio"] = harness.ratio(tl, aio)
+        row["ratio_vs_uvloop"] = harness.ratio(tl, uv)
         if bench.target is None:
             row["verdict"] = "info" if "tideloop" not in errors else "ERROR"
         elif row["ratio_vs_uvloop"] is not None:
@@ -558,10 +491,6 @@ def _fmt_ns(x):
     return f"{x:.1f}"
 
 
-def _fmt_ratio(x):
-    return "-" if x is None else f"{x:.2f}x"
-
-
 def _header_cells(clock, loop_names):
     first = "benchmark (CPU ns/op, median)" if clock == "cpu" else "benchmark (ns/op, median)"
     return [first] + list(loop_names) + ["tl/asyncio", "tl/uvloop", "target", "result"]
@@ -578,7 +507,7 @@ def _row_cells(r, loop_names):
             cells.append("ERROR")
         else:
             cells.append(_fmt_ns(r["ns_per_op"].get(name)))
-    cells += [_fmt_ratio(r["ratio_vs_asyncio"]), _fmt_ratio(r["ratio_vs_uvloop"]),
+    cells += [harness.fmt_ratio(r["ratio_vs_asyncio"]), harness.fmt_ratio(r["ratio_vs_uvloop"]),
               _fmt_target(r["target_vs_uvloop"]), r["verdict"] or "n/a"]
     return cells
 
@@ -588,33 +517,12 @@ def _table_rows(results, loop_names):
     return _header_cells(clock, loop_names), [_row_cells(r, loop_names) for r in results]
 
 
-def _text_line(cells, widths):
-    line = [str(cells[0]).ljust(widths[0])]
-    line += [str(c).rjust(w) for c, w in zip(cells[1:], widths[1:])]
-    return "  ".join(line).rstrip()
-
-
-def _markdown_line(cells):
-    return "| " + " | ".join(str(c) for c in cells) + " |"
-
-
-def _markdown_rule(ncols):
-    return "|" + "|".join([":---"] + ["---:"] * (ncols - 1)) + "|"
-
-
 def format_text(results, loop_names):
-    header, rows = _table_rows(results, loop_names)
-    widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
-    out = [_text_line(header, widths), "  ".join("-" * w for w in widths)]
-    out += [_text_line(row, widths) for row in rows]
-    return "\n".join(out)
+    return harness.text_table(*_table_rows(results, loop_names))
 
 
 def format_markdown(results, loop_names):
-    header, rows = _table_rows(results, loop_names)
-    out = [_markdown_line(header), _markdown_rule(len(header))]
-    out += [_markdown_line(row) for row in rows]
-    return "\n".join(out)
+    return harness.markdown_table(*_table_rows(results, loop_names))
 
 
 class TableWriter:
@@ -645,37 +553,20 @@ class TableWriter:
 
     def start(self):
         if self.markdown:
-            self._print(_markdown_line(self.header))
-            self._print(_markdown_rule(len(self.header)))
+            self._print(harness.markdown_line(self.header))
+            self._print(harness.markdown_rule(len(self.header)))
         else:
-            self._print(_text_line(self.header, self.widths))
-            self._print("  ".join("-" * w for w in self.widths))
+            self._print(harness.text_line(self.header, self.widths))
+            self._print(harness.text_rule(self.widths))
 
     def row(self, result):
         cells = _row_cells(result, self.loop_names)
-        self._print(_markdown_line(cells) if self.markdown else _text_line(cells, self.widths))
-
-
-def _python_cmd():
-    exe = sys.executable or "python3"
-    for short in ("python3", "python"):
-        found = shutil.which(short)
-        if found and os.path.realpath(found) == os.path.realpath(exe):
-            return short
-    return shlex.quote(exe)
+        self._print(harness.markdown_line(cells) if self.markdown
+                    else harness.text_line(cells, self.widths))
 
 
 def reproduce_command(args, invocation, loop_names):
-    parts = []
-    pythonpath = os.environ.get("PYTHONPATH")
-    if pythonpath:
-        parts.append(f"PYTHONPATH={shlex.quote(pythonpath)}")
-    parts.append(_python_cmd())
-    parts += [shlex.quote(p) for p in invocation]
-    parts += ["--loops", ",".join(loop_names)]
-    if args.quick:
-        parts.append("--quick")
-    parts += ["--repeat", str(args.repeat)]
+    parts = harness.command_prefix(invocation, loop_names, args.quick, args.repeat)
     if args.only:
         parts += ["--only", args.only]
     if args.scale != 1.0:
@@ -689,34 +580,15 @@ def reproduce_command(args, invocation, loop_names):
     return " ".join(parts)
 
 
-def _git_revision():
-    here = os.path.dirname(os.path.abspath(__file__))
-    # Only for a checkout of this project (src/tideloop/), not for an installed
-    # copy that happens to sit inside some other git work tree.
-    if not os.path.isfile(os.path.join(here, os.pardir, os.pardir, "pyproject.toml")):
-        return None
-    try:
-        out = subprocess.run(["git", "-C", here, "describe", "--always", "--dirty"],
-                             capture_output=True, text=True, timeout=5)
-    except Exception:
-        return None
-    if out.returncode != 0:
-        return None
-    return out.stdout.strip() or None
-
-
 def _environment(specs, skipped):
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count()
+    cpus = harness.usable_cpus()
     return {
         "python": sys.version.split()[0],
         "implementation": platform.python_implementation(),
         "platform": platform.platform(),
         "machine": platform.machine(),
         "cpus": cpus,
-        "git": _git_revision(),
+        "git": harness.git_revision(),
         "loops": {s.name: s.info for s in specs},
         "skipped": {s.name: s.error for s in skipped},
         "dev_mode": bool(sys.flags.dev_mode),
@@ -794,10 +666,9 @@ def _rows_help():
 
 
 def add_arguments(parser):
-    parser.add_argument(
-        "--loops", default=",".join(ALL_LOOPS), metavar="LIST",
-        help="comma-separated loops to measure, from: %(default)s "
-             "(default: all; a loop that cannot be imported is skipped with a note)")
+    harness.add_loops_option(
+        parser, help="comma-separated loops to measure, from: %(default)s "
+                     "(default: all; a loop that cannot be imported is skipped with a note)")
     parser.add_argument(
         "--repeat", "-r", type=int, default=None, metavar="N",
         help="repetitions per benchmark and loop; the figure is the median "
@@ -816,12 +687,9 @@ def add_arguments(parser):
         help="figure for the table, ratios and verdicts: wall time "
              "(perf_counter_ns, the default) or process CPU time, which other "
              "load on the machine disturbs less; JSON keeps both")
-    parser.add_argument(
-        "--json", default=None, metavar="PATH",
-        help="also write all results (every sample, environment) as JSON to PATH")
-    parser.add_argument(
-        "--markdown", action="store_true",
-        help="print the table as Markdown (README-ready) instead of plain text")
+    harness.add_output_options(
+        parser, json_help="also write all results (every sample, environment) as JSON to PATH",
+        markdown_help="print the table as Markdown (README-ready) instead of plain text")
     parser.add_argument(
         "--timeout", type=float, default=120.0, metavar="S",
         help="give up on one measurement after S seconds (default: %(default)g)")
@@ -832,12 +700,7 @@ def add_arguments(parser):
     parser.add_argument(
         "--no-warmup", dest="warmup", action="store_false",
         help="skip the discarded warm-up run per benchmark and loop")
-    parser.add_argument(
-        "--fail-on-miss", action="store_true",
-        help="exit with status 1 if tideloop misses a target or errors")
-    parser.add_argument(
-        "--verbose", "-v", action="store_true",
-        help="also print every sample")
+    harness.add_verdict_options(parser)
     return parser
 
 
@@ -858,32 +721,23 @@ def run_from_args(args, invocation=("-m", "tideloop", "bench")):
     if args.repeat is None:
         args.repeat = 3 if args.quick else 5
     if args.repeat < 1:
-        print("--repeat must be at least 1", file=sys.stderr)
-        return 2
+        return harness.usage_error("--repeat must be at least 1")
     if args.scale <= 0:
-        print("--scale must be positive", file=sys.stderr)
-        return 2
+        return harness.usage_error("--scale must be positive")
 
-    wanted = [x.strip() for x in args.loops.split(",") if x.strip()]
-    unknown = [x for x in wanted if x not in ALL_LOOPS]
-    if unknown or not wanted:
-        print(f"unknown loop(s) {', '.join(unknown)}; choose from {', '.join(ALL_LOOPS)}",
-              file=sys.stderr)
+    wanted = harness.pick(args.loops, ALL_LOOPS, "loop", given_order=True)
+    if wanted is None:
         return 2
+    benches = list(BENCHMARKS)
     if args.only:
-        chosen = [x.strip() for x in args.only.split(",") if x.strip()]
-        bad = [x for x in chosen if x not in _BY_NAME]
-        if bad or not chosen:
-            print(f"unknown benchmark(s) {', '.join(bad)}; choose from "
-                  f"{', '.join(_BY_NAME)}", file=sys.stderr)
+        chosen = harness.pick(args.only, _BY_NAME, "benchmark")
+        if chosen is None:
             return 2
-        benches = [b for b in BENCHMARKS if b.name in chosen]
-    else:
-        benches = list(BENCHMARKS)
+        benches = [_BY_NAME[name] for name in chosen]
 
     specs, skipped = [], []
-    for name in dict.fromkeys(wanted):          # keep order, drop duplicates
-        spec = _load_loop(name)
+    for name in wanted:
+        spec = harness.load_loop(name)
         (skipped if spec.error else specs).append(spec)
     if not specs:
         for spec in skipped:
@@ -941,16 +795,11 @@ def run_from_args(args, invocation=("-m", "tideloop", "bench")):
                       + "  cpu " + " ".join(_fmt_ns(x) for x in cpu))
     for line in footer_lines(args):
         print(line)
-    print(f"reproduce: {command}")
-    print(f"({elapsed:.1f} s)")
+    harness.print_reproduce(command, elapsed)
 
     if args.json:
-        doc = {
-            "format": "tideloop-microbench/1",
-            "command": command,
-            "argv": sys.argv,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-            "elapsed_s": round(elapsed, 3),
+        doc = harness.json_head("tideloop-microbench/1", command, started, elapsed)
+        doc.update({
             "repeat": args.repeat,
             "quick": args.quick,
             "scale": args.scale,
@@ -959,22 +808,13 @@ def run_from_args(args, invocation=("-m", "tideloop", "bench")):
             "warmup": args.warmup,
             "environment": environment,
             "results": results,
-        }
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-        print(f"wrote {args.json}")
+        })
+        harness.write_json(args.json, doc)
 
-    if args.fail_on_miss:
-        if any(r["verdict"] in ("FAIL", "ERROR") for r in results):
-            return 1
-    return 0
+    return harness.missed(results) if args.fail_on_miss else 0
 
 
 def main(argv=None, prog=None, invocation=("-m", "tideloop", "bench")):
     args = build_parser(prog).parse_args(argv)
     return run_from_args(args, invocation)
 
-
-if __name__ == "__main__":
-    sys.exit(main(prog="python -m tideloop._bench", invocation=("-m", "tideloop._bench")))
