@@ -1069,3 +1069,141 @@ def test_write_non_contiguous_buffer(loop):
         loop.run_until_complete(main())
     finally:
         b.close()
+
+
+# ------------------------------------------- readers queued, then taken away
+# tideloop queues a transport's C reader where asyncio queues its reader
+# Handle; these check that it is skipped or kept exactly when asyncio skips
+# or keeps the Handle.
+
+
+class Paired(asyncio.Protocol):
+    """Records its data_received in `log`; `on_data` runs after each."""
+
+    def __init__(self, name, log, on_data=None):
+        self.name, self.log, self.on_data = name, log, on_data
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        self.log.append(self.name)
+        if self.on_data is not None:
+            self.on_data(self)
+
+
+async def two_readable_transports(loop, log, on_data):
+    """Two accepted-socket transports whose peers have both written, so that
+    one poll reports both.  Returns the protocols and the sockets."""
+    a1, a2 = socket.socketpair()
+    b1, b2 = socket.socketpair()
+    pa = Paired("a", log, on_data)
+    pb = Paired("b", log, on_data)
+    pa.other, pb.other = pb, pa
+    await loop.connect_accepted_socket(lambda: pa, a1)
+    await loop.connect_accepted_socket(lambda: pb, b1)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)      # both readers armed
+    a2.send(b"x")
+    b2.send(b"y")
+    return pa, pb, [a1, a2, b1, b2]
+
+
+def test_reader_paused_after_its_event_was_queued_is_skipped(loop):
+    """The first data_received pauses the other transport, whose event was
+    reported by the same poll: its data is not delivered (asyncio: its
+    reader Handle was cancelled)."""
+    async def main():
+        log = []
+        pa, pb, socks = await two_readable_transports(
+            loop, log, lambda p: p.other.transport.pause_reading())
+        await asyncio.sleep(0.05)
+        assert len(log) == 1
+        for p in (pa, pb):
+            p.transport.close()
+        await asyncio.sleep(0)
+        for s in socks:
+            s.close()
+
+    arun(loop, main())
+
+
+def test_reader_rearmed_after_its_event_was_queued_runs_an_iteration_later(loop):
+    """pause_reading() + resume_reading() on the other transport, whose
+    event is already queued: asyncio cancels the queued Handle and arms a
+    new one, so the data comes after what the first callback scheduled with
+    call_soon (the next poll reports the fd again)."""
+    async def main():
+        log = []
+
+        def on_data(p):
+            if len(log) == 1:
+                p.other.transport.pause_reading()
+                p.other.transport.resume_reading()
+                loop.call_soon(log.append, "soon")
+
+        pa, pb, socks = await two_readable_transports(loop, log, on_data)
+        await asyncio.sleep(0.05)
+        assert log[1:] == ["soon", "b" if log[0] == "a" else "a"]
+        for p in (pa, pb):
+            p.transport.close()
+        await asyncio.sleep(0)
+        for s in socks:
+            s.close()
+
+    arun(loop, main())
+
+
+def test_selector_key_of_a_transport_shows_its_reader(loop):
+    """loop._selector.get_key(fd) of a reading transport: a reader Handle
+    whose callback is the transport's _read_ready, no writer; none while
+    paused."""
+    async def main():
+        a1, a2 = socket.socketpair()
+        tr, _ = await loop.connect_accepted_socket(asyncio.Protocol, a1)
+        await asyncio.sleep(0)
+        reader, writer = loop._selector.get_key(a1.fileno()).data
+        assert reader._callback == tr._read_ready
+        assert writer is None
+        tr.pause_reading()
+        with pytest.raises(KeyError):
+            loop._selector.get_key(a1.fileno())
+        tr.close()
+        await asyncio.sleep(0)
+        a2.close()
+
+    arun(loop, main())
+
+
+def test_reader_armed_again_takes_the_new_context(loop):
+    """resume_reading() inside connection_made arms the reader in
+    connection_made's context; the transport's own start of reading, which
+    runs next, arms it again in its context, and that is the one
+    data_received sees (asyncio's add_reader replaces the Handle)."""
+    import contextvars
+    var = contextvars.ContextVar("var", default="unset")
+
+    class P(asyncio.Protocol):
+        seen = None
+
+        def connection_made(self, transport):
+            var.set("connection_made")
+            transport.pause_reading()
+            transport.resume_reading()
+            self.transport = transport
+
+        def data_received(self, data):
+            self.seen = var.get()
+
+    async def main():
+        a1, a2 = socket.socketpair()
+        p = P()
+        await loop.connect_accepted_socket(lambda: p, a1)
+        a2.send(b"x")
+        await wait_until(lambda: p.seen is not None)
+        assert p.seen == "unset"
+        p.transport.close()
+        await asyncio.sleep(0)
+        a2.close()
+
+    arun(loop, main())
