@@ -349,8 +349,8 @@ tl_fd_dispatch(LoopObject *self, int fd, int mask)
                     PyErr_Clear();
                 Py_DECREF(h);
             }
-            else if (tl_ready_push(&self->ready, Py_NewRef((PyObject *)h),
-                                   NULL) < 0) {
+            else if (tl_ready_push(&self->ready,
+                                   Py_NewRef((PyObject *)h)) < 0) {
                 return -1;
             }
         }

@@ -134,7 +134,7 @@ parse_callback_call(LoopObject *self, const char *method, PyObject *const *args,
 static inline int
 ready_push(LoopObject *self, HandleObject *h)
 {
-    return tl_ready_push(&self->ready, (PyObject *)h, NULL);
+    return tl_ready_push(&self->ready, (PyObject *)h);
 }
 
 /* ---- timers ---- */
@@ -433,10 +433,18 @@ run_once(LoopObject *self)
     int entered = 0;
     for (size_t i = 0; i < ntodo && self->ready.len; i++) {
         tl_ready_item it = tl_ready_pop(&self->ready);
-        int rc = it.io != NULL
-                     ? run_io_item(self, it.io, &entered)
-                     : run_handle_item(self, (HandleObject *)it.obj, &entered);
-        Py_DECREF(it.obj);
+        tl_io_watcher *w = tl_ready_io(it);
+        int rc;
+        if (w == NULL) {
+            rc = run_handle_item(self, (HandleObject *)it, &entered);
+            Py_DECREF((PyObject *)it);
+        }
+        else {
+            PyObject *owner = w->owner;   /* the item's reference */
+            w->queued = 0;
+            rc = run_io_item(self, w, &entered);
+            Py_DECREF(owner);
+        }
         if (rc < 0) {
             tl_batch_exit(self, &entered);
             return -1;

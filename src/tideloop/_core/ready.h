@@ -11,6 +11,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 
 /* 0, or -1 with an exception set (as every function of the core). */
 typedef int (*tl_io_fn)(PyObject *owner);
@@ -29,10 +30,28 @@ typedef struct {
                                  asyncio skips a cancelled Handle */
 } tl_io_watcher;
 
-typedef struct {
-    PyObject *obj;            /* a Handle, or the watcher's owner (strong) */
-    tl_io_watcher *io;        /* NULL for a Handle */
-} tl_ready_item;
+/* A queued item is one word, as a ring of Handle pointers would be (call_soon
+ * costs little more than this ring's memory): a Handle, or a watcher with
+ * the low bit set.  Either way the queue holds a reference: to the Handle,
+ * or to the watcher's owner. */
+typedef void *tl_ready_item;
+#define TL_READY_IO ((uintptr_t)1)
+_Static_assert(_Alignof(tl_io_watcher) >= 2, "the low bit tags watchers");
+
+static inline tl_io_watcher *
+tl_ready_io(tl_ready_item it)
+{
+    uintptr_t v = (uintptr_t)it;
+    return (v & TL_READY_IO) ? (tl_io_watcher *)(v & ~TL_READY_IO) : NULL;
+}
+
+/* The object the queue holds a reference to. */
+static inline PyObject *
+tl_ready_obj(tl_ready_item it)
+{
+    tl_io_watcher *w = tl_ready_io(it);
+    return w != NULL ? w->owner : (PyObject *)it;
+}
 
 typedef struct {
     tl_ready_item *items;     /* a ring */
@@ -57,19 +76,23 @@ tl_ready_grow(tl_ready_queue *q)
     return 0;
 }
 
-/* Steals the reference to obj (dropped if the queue cannot grow). */
 static inline int
-tl_ready_push(tl_ready_queue *q, PyObject *obj, tl_io_watcher *io)
+tl_ready_push_item(tl_ready_queue *q, tl_ready_item it)
 {
     if (q->len == q->cap && tl_ready_grow(q) < 0) {
-        Py_DECREF(obj);
+        Py_DECREF(tl_ready_obj(it));
         return -1;
     }
-    tl_ready_item *it = &q->items[(q->head + q->len) & (q->cap - 1)];
-    it->obj = obj;
-    it->io = io;
+    q->items[(q->head + q->len) & (q->cap - 1)] = it;
     q->len++;
     return 0;
+}
+
+/* Queue a Handle; steals the reference (dropped if the queue cannot grow). */
+static inline int
+tl_ready_push(tl_ready_queue *q, PyObject *handle)
+{
+    return tl_ready_push_item(q, handle);
 }
 
 /* Queue a watcher's run (once: a second event before it ran is the same). */
@@ -80,17 +103,18 @@ tl_ready_push_io(tl_ready_queue *q, tl_io_watcher *w)
     if (w->queued)
         return 0;
     w->queued = 1;
-    return tl_ready_push(q, Py_NewRef(w->owner), w);
+    Py_INCREF(w->owner);
+    return tl_ready_push_item(q, (tl_ready_item)((uintptr_t)w | TL_READY_IO));
 }
 
+/* The next item, as queued (see tl_ready_io); a watcher's item must be
+ * marked as no longer queued by the caller (tl_ready_clear shows how). */
 static inline tl_ready_item
 tl_ready_pop(tl_ready_queue *q)
 {
     tl_ready_item it = q->items[q->head];
     q->head = (q->head + 1) & (q->cap - 1);
     q->len--;
-    if (it.io != NULL)
-        it.io->queued = 0;
     return it;
 }
 
@@ -99,7 +123,14 @@ tl_ready_clear(tl_ready_queue *q)
 {
     while (q->len) {
         tl_ready_item it = tl_ready_pop(q);
-        Py_DECREF(it.obj);
+        tl_io_watcher *w = tl_ready_io(it);
+        if (w != NULL) {
+            w->queued = 0;
+            Py_DECREF(w->owner);
+        }
+        else {
+            Py_DECREF((PyObject *)it);
+        }
     }
 }
 
@@ -107,7 +138,7 @@ static inline int
 tl_ready_traverse(tl_ready_queue *q, visitproc visit, void *arg)
 {
     for (size_t i = 0; i < q->len; i++)
-        Py_VISIT(q->items[(q->head + i) & (q->cap - 1)].obj);
+        Py_VISIT(tl_ready_obj(q->items[(q->head + i) & (q->cap - 1)]));
     return 0;
 }
 
