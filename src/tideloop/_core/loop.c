@@ -333,8 +333,9 @@ run_handle_item(LoopObject *self, HandleObject *h, int *entered)
 }
 
 /* A transport's or listener's C reader/writer.  In debug mode it runs as a
- * Handle would (current handle, slow-callback report). */
-static int
+ * Handle would (current handle, slow-callback report).  Kept out of line:
+ * the loop over Handles below is the hot one (call_soon's cost). */
+static int __attribute__((noinline))
 run_io_item(LoopObject *self, tl_io_watcher *w, int *entered)
 {
     if (w->stale)   /* disarmed after its event was queued */
@@ -435,7 +436,7 @@ run_once(LoopObject *self)
         tl_ready_item it = tl_ready_pop(&self->ready);
         tl_io_watcher *w = tl_ready_io(it);
         int rc;
-        if (w == NULL) {
+        if (__builtin_expect(w == NULL, 1)) {
             rc = run_handle_item(self, (HandleObject *)it, &entered);
             Py_DECREF((PyObject *)it);
         }
