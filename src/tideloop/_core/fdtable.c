@@ -333,8 +333,8 @@ tl_fd_dispatch(LoopObject *self, int fd, int mask)
     for (int which = TL_POLL_READ; which <= TL_POLL_WRITE; which <<= 1) {
         if (!(mask & which))
             continue;
-        e = &self->fds[fd];   /* refresh: a push may not move it, but be
-                                 honest about the table being the loop's */
+        e = &self->fds[fd];   /* re-read, as after any call: the table is
+                                 the loop's and may be reallocated */
         tl_fdslot *s = fd_slot(e, which);
         if (s->io != NULL) {
             if (tl_ready_push_io(&self->ready, s->io) < 0)
