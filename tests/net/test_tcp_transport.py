@@ -1109,6 +1109,14 @@ async def two_readable_transports(loop, log, on_data):
     return pa, pb, [a1, a2, b1, b2]
 
 
+async def close_all(transports, socks):
+    for tr in transports:
+        tr.close()
+    await asyncio.sleep(0)
+    for s in socks:
+        s.close()
+
+
 def test_reader_paused_after_its_event_was_queued_is_skipped(loop):
     """The first data_received pauses the other transport, whose event was
     reported by the same poll: its data is not delivered (asyncio: its
@@ -1119,11 +1127,7 @@ def test_reader_paused_after_its_event_was_queued_is_skipped(loop):
             loop, log, lambda p: p.other.transport.pause_reading())
         await asyncio.sleep(0.05)
         assert len(log) == 1
-        for p in (pa, pb):
-            p.transport.close()
-        await asyncio.sleep(0)
-        for s in socks:
-            s.close()
+        await close_all([pa.transport, pb.transport], socks)
 
     arun(loop, main())
 
@@ -1145,11 +1149,7 @@ def test_reader_rearmed_after_its_event_was_queued_runs_an_iteration_later(loop)
         pa, pb, socks = await two_readable_transports(loop, log, on_data)
         await asyncio.sleep(0.05)
         assert log[1:] == ["soon", "b" if log[0] == "a" else "a"]
-        for p in (pa, pb):
-            p.transport.close()
-        await asyncio.sleep(0)
-        for s in socks:
-            s.close()
+        await close_all([pa.transport, pb.transport], socks)
 
     arun(loop, main())
 
@@ -1168,9 +1168,7 @@ def test_selector_key_of_a_transport_shows_its_reader(loop):
         tr.pause_reading()
         with pytest.raises(KeyError):
             loop._selector.get_key(a1.fileno())
-        tr.close()
-        await asyncio.sleep(0)
-        a2.close()
+        await close_all([tr], [a2])
 
     arun(loop, main())
 
@@ -1202,8 +1200,6 @@ def test_reader_armed_again_takes_the_new_context(loop):
         a2.send(b"x")
         await wait_until(lambda: p.seen is not None)
         assert p.seen == "unset"
-        p.transport.close()
-        await asyncio.sleep(0)
-        a2.close()
+        await close_all([p.transport], [a2])
 
     arun(loop, main())

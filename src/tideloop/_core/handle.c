@@ -511,14 +511,9 @@ tl_io_make_handle(LoopObject *loop, tl_io_watcher *w)
 int
 tl_io_run(LoopObject *loop, tl_io_watcher *w, int *entered)
 {
-    /* Ours for the call: the callback may re-arm w with a new context. */
-    PyObject *ctx = Py_XNewRef(w->context);
-    if (ctx == NULL) {
-        tl_batch_exit(loop, entered);
-        ctx = PyContext_CopyCurrent();
-        if (ctx == NULL)
-            return -1;
-    }
+    /* Ours for the call: the callback may re-arm w with a new context.
+     * (A watcher runs only while armed, so it has one: run_io_item.) */
+    PyObject *ctx = Py_NewRef(w->context);
     int rc = -1;
     if (PyContext_Enter(ctx) == 0) {
         rc = w->fn(w->owner);

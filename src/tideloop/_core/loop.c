@@ -338,7 +338,10 @@ run_handle_item(LoopObject *self, HandleObject *h, int *entered)
 static int __attribute__((noinline))
 run_io_item(LoopObject *self, tl_io_watcher *w, int *entered)
 {
-    if (w->stale)   /* disarmed after its event was queued */
+    /* Disarmed after its event was queued (stale), or queued while not
+     * armed (a datagram transport resumed after its socket closed): asyncio
+     * would find no reader Handle to run. */
+    if (w->stale || !w->armed)
         return 0;
     self->n_callbacks++;
     if (!self->debug)
