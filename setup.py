@@ -26,6 +26,7 @@ setup(
             depends=sorted(glob.glob("src/tideloop/_core/*.h")),
             extra_compile_args=extra_compile_args,
             extra_link_args=extra_link_args,
+            libraries=["dl"],
         )
     ],
 )

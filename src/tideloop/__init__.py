@@ -31,6 +31,7 @@ from asyncio.log import logger as _logger
 
 from . import _compat
 from . import _core
+from . import _tls  # noqa: F401  (sets up the TLS engine and its routes)
 from ._version import __version__
 
 __all__ = ("Loop", "new_event_loop", "run", "EventLoopPolicy", "install",
@@ -369,7 +370,8 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
     # Python transports (see _make_socket_transport), by fd; made on first use.
     _transports = None
 
-    # TLS: asyncio's SSLProtocol (a BufferedProtocol) over a C transport.
+    # TLS: asyncio's SSLProtocol over a C transport; the transport gives it
+    # a C engine for its hot paths (tideloop._tls.adopt).
     _accept_connection = _borrow("_accept_connection", _SelectorLoop)
     _accept_connection2 = _borrow("_accept_connection2", _SelectorLoop)
     start_tls = _borrow("start_tls")

@@ -33,6 +33,28 @@
 #define TL_HANDLE_FREELIST_MAX 1024
 
 typedef struct LoopObject LoopObject;
+
+/* The OpenSSL functions tls.c calls, by pointer: the extension does not
+ * link libssl, it uses the copy that CPython's _ssl module loaded. */
+typedef struct {
+    int (*SSL_read_ex)(void *ssl, void *buf, size_t num, size_t *readbytes);
+    int (*SSL_write_ex)(void *ssl, const void *buf, size_t num, size_t *written);
+    int (*SSL_get_error)(const void *ssl, int ret);
+    int (*SSL_get_shutdown)(const void *ssl);
+    void *(*SSL_get_rbio)(const void *ssl);
+    void *(*SSL_get_wbio)(const void *ssl);
+    void *(*SSL_get_SSL_CTX)(const void *ssl);
+    void *(*SSL_get_ex_data)(const void *ssl, int idx);
+    int (*SSL_is_server)(const void *ssl);
+    int (*SSL_do_handshake)(void *ssl);
+    int (*BIO_write)(void *bio, const void *data, int len);
+    int (*BIO_read)(void *bio, void *data, int len);
+    size_t (*BIO_ctrl_pending)(void *bio);
+    void (*ERR_clear_error)(void);
+    const char *(*OpenSSL_version)(int t);
+} tl_ossl;
+
+enum { TL_TLS_ASYNCIO = 0, TL_TLS_SSLOBJECT = 1, TL_TLS_OPENSSL = 2 };
 typedef struct HandleObject HandleObject;
 
 enum { TL_KW_LOOP = 1, TL_KW_NAME = 2, TL_KW_CONTEXT = 4 };
@@ -56,7 +78,7 @@ enum {
     X(ThreadSafeHandleType)  /* 3.14 (where asyncio has the class) */      \
     X(SocketTransportType) X(DatagramTransportType)                        \
     X(ReadPipeTransportType) X(WritePipeTransportType)                     \
-    X(ListenerType) X(SockOpType)
+    X(ListenerType) X(SockOpType) X(TLSEngineType)
 
 /* From tideloop._compat (asyncio's private names, with fallbacks):
  * field, attribute. */
@@ -110,7 +132,32 @@ enum {
     X(set_result, "set_result") X(set_exception, "set_exception")          \
     X(future_blocking, "_asyncio_future_blocking")                         \
     X(Task, "Task") X(Future, "Future") X(set_name, "set_name")            \
-    X(family, "family") X(type, "type") X(proto, "proto")
+    X(family, "family") X(type, "type") X(proto, "proto")                  \
+    /* tls.c: SSLProtocol's attributes and methods */                      \
+    X(tl_engine, "_tl_engine") X(t_state, "_state")                        \
+    X(app_reading_paused, "_app_reading_paused")                           \
+    X(app_protocol_is_buffer, "_app_protocol_is_buffer")                   \
+    X(app_protocol, "_app_protocol") X(write_backlog, "_write_backlog")    \
+    X(ssl_writing_paused, "_ssl_writing_paused")                           \
+    X(app_writing_paused, "_app_writing_paused")                           \
+    X(write_buffer_size, "_write_buffer_size")                             \
+    X(outgoing_high_water, "_outgoing_high_water")                         \
+    X(outgoing_low_water, "_outgoing_low_water")                           \
+    X(ssl_reading_paused, "_ssl_reading_paused")                           \
+    X(incoming_high_water, "_incoming_high_water")                         \
+    X(incoming_low_water, "_incoming_low_water")                           \
+    X(t_transport, "_transport") X(ssl_protocol, "_ssl_protocol")          \
+    X(app_transport, "_app_transport") X(t_sslobj, "_sslobj")              \
+    X(t_incoming, "_incoming") X(t_outgoing, "_outgoing")                  \
+    X(t_loop, "_loop")                                                     \
+    X(do_handshake, "_do_handshake") X(do_read, "_do_read")                \
+    X(do_flush, "_do_flush") X(do_shutdown, "_do_shutdown")                \
+    X(do_write, "_do_write") X(write_appdata, "_write_appdata")            \
+    X(control_app_writing, "_control_app_writing")                         \
+    X(control_ssl_reading, "_control_ssl_reading")                         \
+    X(call_eof_received, "_call_eof_received")                             \
+    X(start_shutdown, "_start_shutdown") X(fatal_error, "_fatal_error")    \
+    X(read, "read") X(write, "write") X(pending, "pending")
 
 /* The rest, set up by hand in module.c: field. */
 #define TL_STATE_OTHER_OBJECTS(X)                                          \
@@ -119,7 +166,14 @@ enum {
     X(tasks_dict)      /* asyncio.tasks.__dict__ (Task at call time) */    \
     X(futures_dict)    /* asyncio.futures.__dict__ */                      \
     X(SSLSocket)       /* ssl.SSLSocket, imported on first need */         \
-    X(empty_vars)      /* the variables of an empty Context */
+    X(empty_vars)      /* the variables of an empty Context */          \
+    /* tls.c, set by _tls_setup() (tideloop._tls); NULL before: */         \
+    X(SSLProtocol)     /* asyncio.sslproto.SSLProtocol: adopted exactly */ \
+    X(tls_adopt)       /* tideloop._tls.adopt(protocol) -> engine|None */  \
+    X(tls_app_write_stock)  /* _SSLProtocolTransport.write */              \
+    X(tls_again_errors)     /* sslproto.SSLAgainErrors */                  \
+    X(tls_do_handshake) X(tls_wrapped) X(tls_flushing) X(tls_shutdown)     \
+    X(tls_sslsocket_type) X(tls_memorybio_type)  /* _ssl's own types */
 
 typedef struct {
 #define TL_DECLARE_TYPE(f) PyTypeObject *f;
@@ -160,6 +214,14 @@ typedef struct {
 
     /* Bumped in the child after os.fork(): loops from before are unusable. */
     uint64_t fork_generation;
+
+    /* tls.c: the OpenSSL functions of the libssl that _ssl uses (resolved
+     * through _ssl's own handle), and which TLS route new connections
+     * take (TL_TLS_*). */
+    tl_ossl ossl;
+    int ossl_loaded;             /* the table is complete */
+    int ossl_proven;             /* _tls_prove() passed on this interpreter */
+    int tls_route;
 } tl_state;
 
 
@@ -232,6 +294,8 @@ typedef struct {
 typedef struct {
     PyObject *spare;             /* a TL_SPARE_SIZE bytes object */
     char *dgram;                 /* TL_DGRAM_AREA_SIZE bytes (PyMem) */
+    char *tls;                   /* TL_TLS_AREA_SIZE bytes (PyMem): TLS
+                                    ciphertext in and out, plaintext in */
 } tl_recvbuf;
 
 /* Transports receive into a bytes object of TL_SPARE_SIZE; reads at least
@@ -243,6 +307,7 @@ typedef struct {
 #define TL_DGRAM_BATCH 8
 #define TL_DGRAM_SLOT_SIZE (64 * 1024)   /* any UDP datagram fits */
 #define TL_DGRAM_AREA_SIZE (TL_DGRAM_BATCH * TL_DGRAM_SLOT_SIZE)
+#define TL_TLS_AREA_SIZE (64 * 1024)
 
 struct LoopObject {
     PyObject_HEAD
@@ -343,6 +408,7 @@ tl_get_state_from_type(PyTypeObject *tp)
 int tl_recv_spare(tl_recvbuf *rb, int fd, size_t max, int use_read,
                   PyObject **data, int *err);
 char *tl_recv_dgram_area(tl_recvbuf *rb);   /* NULL: MemoryError */
+char *tl_recv_tls_area(tl_recvbuf *rb);     /* NULL: MemoryError */
 void tl_recvbuf_clear(tl_recvbuf *rb);
 
 /* sockaddr.c: addresses and socket objects. */
@@ -422,5 +488,10 @@ double tl_monotonic(void);
 /* sockops.c: sock_recv, sock_recv_into, sock_sendall, sock_accept. */
 extern PyType_Spec tl_sockop_spec;
 extern const PyMethodDef tl_sockop_loop_methods[];
+
+/* tls.c: the C engine under asyncio's SSLProtocol; its module functions
+ * (_tls_setup, _tls_prove, tls_route, set_tls_route, ...). */
+extern PyType_Spec tl_tls_engine_spec;
+extern const PyMethodDef tl_tls_module_methods[];
 
 #endif

@@ -276,7 +276,9 @@ core_exec(PyObject *m)
                                               (PyObject *)st->HandleType)) == NULL) ||
         (st->LoopType = add_type(m, &tl_loop_spec, NULL)) == NULL ||
         add_transport_types(m, st, st->FlowControlMixin) < 0 ||
-        (st->ListenerType = add_type(m, &tl_listener_spec, NULL)) == NULL)
+        (st->ListenerType = add_type(m, &tl_listener_spec, NULL)) == NULL ||
+        (st->TLSEngineType = add_type(m, &tl_tls_engine_spec, NULL)) == NULL ||
+        PyModule_AddFunctions(m, (PyMethodDef *)tl_tls_module_methods) < 0)
         goto done;
     /* Not added to the module: sock_* awaitables are made by the loop only. */
     st->SockOpType = (PyTypeObject *)PyType_FromModuleAndSpec(

@@ -54,10 +54,23 @@ tl_recv_dgram_area(tl_recvbuf *rb)
     return rb->dgram;
 }
 
+char *
+tl_recv_tls_area(tl_recvbuf *rb)
+{
+    if (rb->tls == NULL) {
+        rb->tls = PyMem_Malloc(TL_TLS_AREA_SIZE);
+        if (rb->tls == NULL)
+            PyErr_NoMemory();
+    }
+    return rb->tls;
+}
+
 void
 tl_recvbuf_clear(tl_recvbuf *rb)
 {
     Py_CLEAR(rb->spare);
     PyMem_Free(rb->dgram);
     rb->dgram = NULL;
+    PyMem_Free(rb->tls);
+    rb->tls = NULL;
 }

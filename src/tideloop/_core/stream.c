@@ -103,6 +103,33 @@ read_buffered(TransportObject *self)
     return 0;
 }
 
+/* A C protocol (tls.c's engine): one recv into the loop's TLS area, fed
+ * to it as SSLProtocol.buffer_updated() would be. */
+static int
+read_cproto(TransportObject *self)
+{
+    char *area = tl_recv_tls_area(&self->loop->recv);
+    if (area == NULL)
+        return -1;
+    ssize_t n;
+    do {
+        n = recv(self->fd, area, TL_TLS_AREA_SIZE, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        return tl_tr_fatal_errno(self, errno, "Fatal read error on socket transport");
+    }
+    if (n == 0)
+        return on_eof(self);
+    tl_cproto *p = (tl_cproto *)Py_NewRef(self->cproto);
+    int rc = p->feed(p, area, n);
+    Py_DECREF(p);
+    if (rc < 0)
+        return tl_tr_fail(self, "Fatal error: protocol.buffer_updated() call failed.");
+    return 0;
+}
+
 /* asyncio's _read_ready: one read, handed to the protocol. */
 static int
 stream_read_ready(PyObject *obj)
@@ -110,6 +137,8 @@ stream_read_ready(PyObject *obj)
     TransportObject *self = (TransportObject *)obj;
     if (self->conn_lost || self->fd < 0)
         return 0;
+    if (self->cproto != NULL)
+        return read_cproto(self);
     if (self->buffered)
         return read_buffered(self);
     PyObject *data;
@@ -206,6 +235,14 @@ write_object(TransportObject *self, PyObject *data)
         rc = write_bytes(self, data, view.buf, view.len);
     PyBuffer_Release(&view);
     return rc;
+}
+
+int
+tl_stream_write_buf(TransportObject *self, const char *buf, Py_ssize_t len)
+{
+    if (check_can_write(self, "write") < 0)
+        return -1;
+    return len == 0 ? 0 : write_bytes(self, NULL, buf, len);
 }
 
 static PyObject *

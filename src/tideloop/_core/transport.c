@@ -126,7 +126,7 @@ tl_wq_push(TransportObject *self, PyObject *obj, const char *data,
         self->wq_cap = cap;
     }
     PyObject *owner;
-    if (PyBytes_CheckExact(obj)) {
+    if (obj != NULL && PyBytes_CheckExact(obj)) {
         owner = Py_NewRef(obj);
     }
     else {
@@ -345,6 +345,7 @@ tl_tr_connection_lost(TransportObject *self, PyObject *exc)
     }
     /* finally: */
     tl_tr_close_socket(self);
+    Py_CLEAR(self->cproto);
     Py_CLEAR(self->protocol);
     PyObject *server = self->server;
     self->server = NULL;
@@ -658,7 +659,21 @@ tl_tr_set_protocol_impl(TransportObject *self, PyObject *protocol)
     int buffered = PyObject_IsInstance(protocol, st->BufferedProtocol);
     if (buffered < 0)
         return -1;
+    /* An asyncio SSLProtocol over a stream socket is adopted by tls.c: its
+     * C engine takes the received bytes (no get_buffer/buffer_updated). */
+    tl_cproto *cproto = NULL;
+    if (st->tls_adopt != NULL && Py_IS_TYPE(protocol, (PyTypeObject *)st->SSLProtocol) &&
+        Py_IS_TYPE(self, st->SocketTransportType)) {
+        PyObject *eng = PyObject_CallOneArg(st->tls_adopt, protocol);
+        if (eng == NULL)
+            return -1;
+        if (PyObject_TypeCheck(eng, st->TLSEngineType))
+            cproto = (tl_cproto *)eng;
+        else
+            Py_DECREF(eng);
+    }
     self->buffered = buffered;
+    Py_XSETREF(self->cproto, cproto);
     Py_XSETREF(self->protocol, Py_NewRef(protocol));
     self->protocol_connected = 1;
     return 0;
@@ -933,6 +948,7 @@ tl_tr_traverse(TransportObject *self, visitproc visit, void *arg)
     Py_VISIT(self->loop);
     Py_VISIT(self->sock);
     Py_VISIT(self->protocol);
+    Py_VISIT(self->cproto);
     Py_VISIT(self->head.extra);
     Py_VISIT(self->limits);
     Py_VISIT(self->server);
@@ -959,6 +975,7 @@ int
 tl_tr_clear(TransportObject *self)
 {
     Py_CLEAR(self->protocol);
+    Py_CLEAR(self->cproto);
     Py_CLEAR(self->head.extra);
     Py_CLEAR(self->limits);
     Py_CLEAR(self->server);

@@ -21,6 +21,15 @@
 
 typedef struct TransportObject TransportObject;
 
+/* A protocol written in C that a stream transport feeds directly (tls.c's
+ * engine, standing for an asyncio SSLProtocol): the bytes just received,
+ * in the loop's TLS area, as protocol.buffer_updated() would get them. */
+typedef struct tl_cproto tl_cproto;
+struct tl_cproto {
+    PyObject_HEAD
+    int (*feed)(tl_cproto *self, const char *buf, Py_ssize_t n);
+};
+
 /* What differs between the transport types. */
 typedef struct {
     tl_io_fn read_ready;         /* the reader (write pipes: the peer
@@ -119,6 +128,7 @@ struct TransportObject {
     PyObject *sock;             /* socket.socket, created lazily if we got an
                                    fd; pipes: the pipe object */
     PyObject *protocol;
+    tl_cproto *cproto;          /* stream transports: protocol's C engine */
     int buffered;               /* a BufferedProtocol */
     int protocol_connected;
     PyObject *server;
@@ -238,6 +248,8 @@ extern PyMemberDef tl_tr_members[];
 extern PyType_Spec tl_socket_transport_spec;          /* stream.c */
 extern const PyMethodDef tl_stream_loop_methods[];
 /* A stream transport for fd (TCP_NODELAY set as asyncio sets it). */
+/* transport.write() of len bytes at buf, from C (tls.c). */
+int tl_stream_write_buf(TransportObject *self, const char *buf, Py_ssize_t len);
 TransportObject *tl_stream_new(LoopObject *loop, int fd, PyObject *sock,
                                int family, int type, int proto,
                                PyObject *protocol, PyObject *waiter,
