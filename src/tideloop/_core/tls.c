@@ -522,6 +522,8 @@ engine_feed(tl_cproto *cp, const char *buf, Py_ssize_t n)
 {
     TLSEngineObject *self = (TLSEngineObject *)cp;
     tl_state *st = self->st;
+    if (self->proto == NULL)
+        return 0;       /* detached: the connection is gone */
     if (bio_in(self, buf, n) < 0)
         return -1;
     PyObject *state = pget(self, st->str_t_state);
@@ -557,6 +559,10 @@ static PyObject *
 engine_app_write(TLSEngineObject *self, PyObject *data)
 {
     tl_state *st = self->st;
+    if (self->proto == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the TLS connection is gone");
+        return NULL;
+    }
     if (!PyBytes_Check(data) && !PyByteArray_Check(data) && !PyMemoryView_Check(data)) {
         PyObject *name = PyType_GetName(Py_TYPE(data));   /* type(data).__name__ */
         if (name != NULL) {
@@ -615,6 +621,32 @@ except:
     Py_RETURN_NONE;
 }
 
+static void engine_clear_refs(TLSEngineObject *self);
+
+/* The connection is gone: out of the protocol's and the app transport's
+ * __dict__, and every reference dropped, so that reference counting alone
+ * frees them (asyncio's tests check that no garbage is left). */
+static void
+engine_detach(tl_cproto *cp)
+{
+    TLSEngineObject *self = (TLSEngineObject *)cp;
+    PyObject *exc = PyErr_Occurred() ? tl_err_get_raised() : NULL;
+    if (self->pdict != NULL &&
+        PyDict_GetItemWithError(self->pdict, self->st->str_tl_engine) == (PyObject *)self)
+        (void)PyDict_DelItem(self->pdict, self->st->str_tl_engine);
+    if (self->app_transport != NULL) {
+        PyObject *adict = PyObject_GenericGetDict(self->app_transport, NULL);
+        PyObject *w = adict ? PyDict_GetItemWithError(adict, self->st->str_write) : NULL;
+        if (w != NULL && PyCFunction_Check(w) && PyCFunction_GET_SELF(w) == (PyObject *)self)
+            (void)PyDict_DelItem(adict, self->st->str_write);
+        Py_XDECREF(adict);
+    }
+    PyErr_Clear();
+    engine_clear_refs(self);
+    if (exc != NULL)
+        tl_err_set_raised(exc);
+}
+
 /* ---- the engine type ---- */
 
 static PyObject *
@@ -653,6 +685,7 @@ engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (self == NULL)
         return NULL;
     self->head.feed = engine_feed;
+    self->head.detach = engine_detach;
     self->st = st;
     self->route = r;
     self->proto = Py_NewRef(proto);
@@ -719,8 +752,8 @@ engine_traverse(TLSEngineObject *self, visitproc visit, void *arg)
     return 0;
 }
 
-static int
-engine_clear(TLSEngineObject *self)
+static void
+engine_clear_refs(TLSEngineObject *self)
 {
     /* The SSL* and BIO*s belong to the objects cleared here. */
     self->ssl = self->rbio = self->wbio = NULL;
@@ -733,6 +766,12 @@ engine_clear(TLSEngineObject *self)
     Py_CLEAR(self->incoming);
     Py_CLEAR(self->outgoing);
     Py_CLEAR(self->app_transport);
+}
+
+static int
+engine_clear(TLSEngineObject *self)
+{
+    engine_clear_refs(self);
     return 0;
 }
 

@@ -345,7 +345,14 @@ tl_tr_connection_lost(TransportObject *self, PyObject *exc)
     }
     /* finally: */
     tl_tr_close_socket(self);
-    Py_CLEAR(self->cproto);
+    if (self->cproto != NULL) {
+        /* The protocol is done: the C engine lets go of it (no cycles
+         * left for the GC, as with asyncio's own SSLProtocol). */
+        tl_cproto *p = self->cproto;
+        self->cproto = NULL;
+        p->detach(p);
+        Py_DECREF(p);
+    }
     Py_CLEAR(self->protocol);
     PyObject *server = self->server;
     self->server = NULL;

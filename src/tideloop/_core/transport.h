@@ -28,6 +28,9 @@ typedef struct tl_cproto tl_cproto;
 struct tl_cproto {
     PyObject_HEAD
     int (*feed)(tl_cproto *self, const char *buf, Py_ssize_t n);
+    /* After protocol.connection_lost(): drop the references that make
+     * cycles with the protocol (cannot fail; errors are cleared). */
+    void (*detach)(tl_cproto *self);
 };
 
 /* What differs between the transport types. */
