@@ -448,13 +448,17 @@ read_copied(TLSEngineObject *self)
     if (chunks != NULL) {
         if (off > 0 && push_chunk(&chunks, area, off) < 0)
             goto done;
-        PyObject *empty = PyBytes_FromStringAndSize(NULL, 0);
-        if (empty == NULL)
+        Py_ssize_t total = 0, n = PyList_GET_SIZE(chunks);
+        for (Py_ssize_t i = 0; i < n; i++)
+            total += PyBytes_GET_SIZE(PyList_GET_ITEM(chunks, i));
+        if ((data = PyBytes_FromStringAndSize(NULL, total)) == NULL)
             goto done;
-        data = _PyBytes_Join(empty, chunks);
-        Py_DECREF(empty);
-        if (data == NULL)
-            goto done;
+        char *p = PyBytes_AS_STRING(data);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *c = PyList_GET_ITEM(chunks, i);
+            memcpy(p, PyBytes_AS_STRING(c), PyBytes_GET_SIZE(c));
+            p += PyBytes_GET_SIZE(c);
+        }
     }
     else if (off > 0 && (data = PyBytes_FromStringAndSize(area, off)) == NULL)
         goto done;
