@@ -138,6 +138,9 @@ enum {
     X(app_reading_paused, "_app_reading_paused")                           \
     X(app_protocol_is_buffer, "_app_protocol_is_buffer")                   \
     X(app_protocol, "_app_protocol") X(write_backlog, "_write_backlog")    \
+    X(app_protocol_get_buffer, "_app_protocol_get_buffer")                 \
+    X(app_protocol_buffer_updated, "_app_protocol_buffer_updated")         \
+    X(call_soon, "call_soon")                                              \
     X(ssl_writing_paused, "_ssl_writing_paused")                           \
     X(app_writing_paused, "_app_writing_paused")                           \
     X(write_buffer_size, "_write_buffer_size")                             \

@@ -486,6 +486,101 @@ done:
     return rc;
 }
 
+/* _do_read__buffered: plaintext straight into the app's buffer.  Each
+ * further read goes into the rest of the same buffer (asyncio reads into
+ * buf[offset:], a copy when buf is a bytearray, and loses that data). */
+static int
+read_buffered(TLSEngineObject *self)
+{
+    tl_state *st = self->st;
+    Py_ssize_t pending = bio_pending(self, 0);
+    if (pending < 0)
+        return -1;
+    PyObject *get_buffer = pget(self, st->str_app_protocol_get_buffer);
+    if (get_buffer == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetObject(PyExc_AttributeError, st->str_app_protocol_get_buffer);
+        return -1;
+    }
+    PyObject *n = PyLong_FromSsize_t(pending);
+    if (n == NULL)
+        return -1;
+    Py_INCREF(get_buffer);
+    PyObject *buf = PyObject_CallOneArg(get_buffer, n);
+    Py_DECREF(get_buffer);
+    Py_DECREF(n);
+    if (buf == NULL)
+        return -1;
+    Py_ssize_t offset = 0, count = 1, wants = PyObject_Size(buf);
+    int rc = -1, again = 0;
+    Py_buffer view;
+    if (wants < 0 || PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE) < 0)
+        goto done;
+    if (wants > view.len)
+        wants = view.len;
+    if (wants == 0)
+        count = 0;          /* _ssl's read(0, buf) returns 0: "close_notify" */
+    else if (tls_read(self, view.buf, wants, &count, &again) < 0)
+        goto release;
+    if (again)
+        count = 1;
+    else if (count > 0) {
+        offset = count;
+        while (offset < wants) {
+            if (tls_read(self, (char *)view.buf + offset, wants - offset, &count,
+                         &again) < 0)
+                goto release;
+            if (again) {
+                count = 1;
+                break;
+            }
+            if (count <= 0)
+                break;
+            offset += count;
+        }
+        if (!again && offset >= wants) {
+            /* The buffer filled up: more may be waiting. */
+            PyObject *again_cb = PyObject_GetAttr(self->proto, st->str_do_read);
+            if (again_cb == NULL)
+                goto release;
+            PyObject *r = PyObject_CallMethodOneArg((PyObject *)self->loop,
+                                                    st->str_call_soon, again_cb);
+            Py_DECREF(again_cb);
+            if (r == NULL)
+                goto release;
+            Py_DECREF(r);
+        }
+    }
+    PyBuffer_Release(&view);
+    if (offset > 0) {
+        PyObject *updated = pget(self, st->str_app_protocol_buffer_updated);
+        if (updated == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_AttributeError,
+                                st->str_app_protocol_buffer_updated);
+            goto done;
+        }
+        Py_INCREF(updated);
+        PyObject *nb = PyLong_FromSsize_t(offset);
+        PyObject *r = nb ? PyObject_CallOneArg(updated, nb) : NULL;
+        Py_XDECREF(nb);
+        Py_DECREF(updated);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    }
+    if (count == 0 && (pcall0(self, st->str_call_eof_received) < 0 ||
+                       pcall0(self, st->str_start_shutdown) < 0))
+        goto done;
+    rc = 0;
+    goto done;
+release:
+    PyBuffer_Release(&view);
+done:
+    Py_DECREF(buf);
+    return rc;
+}
+
 /* _do_read in the WRAPPED state. */
 static int
 do_read(TLSEngineObject *self)
@@ -495,10 +590,10 @@ do_read(TLSEngineObject *self)
     if (ptrue(self, st->str_app_reading_paused, &paused) < 0 ||
         ptrue(self, st->str_app_protocol_is_buffer, &is_buffer) < 0)
         return -1;
-    if (paused || is_buffer)
+    if (paused)
         return pcall0(self, st->str_do_read);
     /* try: */
-    if (read_copied(self) < 0)
+    if ((is_buffer ? read_buffered(self) : read_copied(self)) < 0)
         goto except;
     PyObject *backlog = pget(self, st->str_write_backlog);
     if (backlog == NULL && PyErr_Occurred())
