@@ -3,9 +3,9 @@
 tideloop against a C epoll echo server, driven by a C closed-loop load
 generator; plain TCP and TLS 1.3.
 
-    python bench/net.py                                   # full matrix, ~22 min
-    python bench/net.py --quick                           # CI smoke, ~2 min
-    python bench/net.py --tls                             # the TLS rows only, ~8 min
+    python bench/net.py                                   # full matrix, ~25 min
+    python bench/net.py --quick                           # CI smoke, ~3 min
+    python bench/net.py --tls                             # the TLS rows only, ~9 min
     python bench/net.py --loops asyncio,uvloop --only protocol,streams
     python bench/net.py --markdown --json net-results.json
 

@@ -462,7 +462,7 @@ def main(argv=None):
                        + ([] if args.callgrind else ["--no-callgrind"])
                        + ([] if args.strace else ["--no-strace"]))
     print(f"verdict: {'OK' if not failures else 'FAILED'} "
-          f"({sum(len(v) for r in runs.values() for v in r.values())} runs, "
+          f"({sum(len(v) for r in runs.values() for v in r.values())} runs ok, "
           f"{len(failures)} failed)")
     harness.print_reproduce(command, elapsed)
 
