@@ -2,7 +2,8 @@
 """Echo servers for the network benchmark, one per asyncio API, on any loop.
 
     python bench/echo_servers.py --loop asyncio|uvloop|tideloop \\
-        --kind protocol|buffered|streams|sockets --port P [--unix PATH]
+        --kind protocol|buffered|streams|sockets|tls-protocol|tls-streams \\
+        --port P [--unix PATH] [--cert PEM]
 
 Listens on 127.0.0.1:P (P 0 picks a free port) or on the Unix socket PATH,
 prints "READY <port>" (or "READY <path>") on stdout once listening, and serves
@@ -18,6 +19,15 @@ until killed (SIGTERM).  Every kind echoes what it reads, as soon as it reads it
                data = await loop.sock_recv(sock, 65536);
                await loop.sock_sendall(sock, data); TCP_NODELAY on accepted sockets
                (the transports of the other kinds set it themselves)
+* tls-protocol -- protocol over TLS: loop.create_server(..., ssl=context)
+* tls-streams  -- streams over TLS: asyncio.start_server(..., ssl=context)
+
+The TLS kinds' context: ssl.SSLContext(PROTOCOL_TLS_SERVER), TLS 1.3 at the
+least, the certificate chain and key from --cert (default
+tests/certs/server-ecdsa.pem; tests/certs/server-rsa.pem is the RSA one);
+everything else is the ssl module's defaults.  The TLS itself is whatever the
+loop does for ssl= (asyncio's SSLProtocol on asyncio and, for now, tideloop;
+uvloop's own).
 
 The loop is chosen with asyncio.Runner(loop_factory=...) (harness.run_on_loop
 in src/tideloop/_bench/): asyncio is the stock asyncio.SelectorEventLoop,
@@ -32,10 +42,13 @@ stderr ("echo_servers: ERROR: ..."), after the traceback.
 import asyncio
 import os
 import socket
+import ssl
 
 from _harness import harness
 
-KINDS = ("protocol", "buffered", "streams", "sockets")
+KINDS = ("protocol", "buffered", "streams", "sockets", "tls-protocol", "tls-streams")
+CERT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                    "tests", "certs", "server-ecdsa.pem")
 LOOPS = harness.ALL_LOOPS
 READ_SIZE = 65536
 BUFFER_SIZE = 256 * 1024
@@ -83,12 +96,20 @@ class EchoBufferedProtocol(asyncio.BufferedProtocol):
 
 # -- servers ----------------------------------------------------------------
 
-async def serve_protocol(loop, kind, host, port, unix):
-    factory = EchoProtocol if kind == "protocol" else EchoBufferedProtocol
+def server_context(cert):
+    """The TLS kinds' server context: TLS 1.3, the ssl module's defaults."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.load_cert_chain(cert)
+    return context
+
+
+async def serve_protocol(loop, kind, host, port, unix, context=None):
+    factory = EchoBufferedProtocol if kind == "buffered" else EchoProtocol
     if unix:
-        server = await loop.create_unix_server(factory, unix)
+        server = await loop.create_unix_server(factory, unix, ssl=context)
     else:
-        server = await loop.create_server(factory, host, port)
+        server = await loop.create_server(factory, host, port, ssl=context)
     return server, server.sockets[0].getsockname()
 
 
@@ -106,11 +127,11 @@ async def echo_stream(reader, writer):
         writer.close()
 
 
-async def serve_streams(loop, host, port, unix):
+async def serve_streams(loop, host, port, unix, context=None):
     if unix:
-        server = await asyncio.start_unix_server(echo_stream, unix)
+        server = await asyncio.start_unix_server(echo_stream, unix, ssl=context)
     else:
-        server = await asyncio.start_server(echo_stream, host, port)
+        server = await asyncio.start_server(echo_stream, host, port, ssl=context)
     return server, server.sockets[0].getsockname()
 
 
@@ -162,10 +183,12 @@ async def serve_sockets(loop, host, port, unix):
 
 async def main(args):
     loop = asyncio.get_running_loop()
-    if args.kind in ("protocol", "buffered"):
-        keep, where = await serve_protocol(loop, args.kind, args.host, args.port, args.unix)
-    elif args.kind == "streams":
-        keep, where = await serve_streams(loop, args.host, args.port, args.unix)
+    context = server_context(args.cert) if args.kind.startswith("tls-") else None
+    if args.kind in ("protocol", "buffered", "tls-protocol"):
+        keep, where = await serve_protocol(loop, args.kind, args.host, args.port, args.unix,
+                                           context)
+    elif args.kind in ("streams", "tls-streams"):
+        keep, where = await serve_streams(loop, args.host, args.port, args.unix, context)
     else:
         keep, where = await serve_sockets(loop, args.host, args.port, args.unix)
         acceptor = keep[1]
@@ -186,6 +209,8 @@ def build_parser():
                               "(0: a free one, printed after READY)")
     p.add_argument("--unix", default=None, metavar="PATH",
                    help="listen on this Unix socket instead of TCP")
+    p.add_argument("--cert", default=CERT, metavar="PEM",
+                   help="the TLS kinds' certificate chain and key (default: %(default)s)")
     return p
 
 

@@ -27,9 +27,14 @@ READY_TIMEOUT = 15.0
 # The C programs, the workers' environment
 # --------------------------------------------------------------------------
 
+# Link flags of the C programs that need a library (the TLS ones: OpenSSL).
+C_LIBS = {"tls_loadgen": ["-lssl", "-lcrypto"], "tls_echo_server": ["-lssl", "-lcrypto"]}
+
+
 def build_c(src_dir, names, prog, force=False, log=None):
     """Compile ``src_dir``/NAME.c into ``src_dir``/bin/NAME when missing or
-    older than its source (or ``force``).  Returns {name: path}."""
+    older than its source (or ``force``), linked with C_LIBS[NAME].  Returns
+    {name: path}."""
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     bin_dir = os.path.join(src_dir, "bin")
     os.makedirs(bin_dir, exist_ok=True)
@@ -43,13 +48,15 @@ def build_c(src_dir, names, prog, force=False, log=None):
             continue
         if not cc:
             raise SystemExit(f"{prog}: no C compiler (gcc/cc, or $CC) to build " + src)
-        cmd = [cc, "-O2", "-Wall", "-o", exe, src]
+        cmd = [cc, "-O2", "-Wall", "-o", exe, src] + C_LIBS.get(name, [])
         if log:
             log(f"build: {' '.join(shlex.quote(c) for c in cmd)}\n")
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             sys.stderr.write(proc.stderr)
-            raise SystemExit(f"{prog}: compiling {src} failed")
+            hint = (" (OpenSSL's headers are missing: bash tools/ensure_libssl.sh installs them)"
+                    if "openssl/" in proc.stderr else "")
+            raise SystemExit(f"{prog}: compiling {src} failed{hint}")
     return paths
 
 
@@ -87,6 +94,23 @@ def loop_versions(python, env, cwd):
         return json.loads(proc.stdout)
     except Exception as exc:
         return {"error": repr(exc)}
+
+
+def python_openssl(python, env, cwd):
+    """The OpenSSL the workers' ssl module is built with (ssl.OPENSSL_VERSION)."""
+    return program_output([python, "-c", "import ssl; print(ssl.OPENSSL_VERSION)"],
+                          env=env, cwd=cwd)
+
+
+def program_output(cmd, env=None, cwd=None):
+    """The first line a short command prints, or "? (<why>)"."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd,
+                              timeout=30)
+        line = proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""
+        return line if proc.returncode == 0 and line else f"? (status {proc.returncode})"
+    except Exception as exc:
+        return f"? ({harness.exc_reason(exc)})"
 
 
 def log_loop_versions(log, loops, versions, whose):
