@@ -235,7 +235,12 @@ tls_read(TLSEngineObject *self, char *area, Py_ssize_t len, Py_ssize_t *got,
     size_t n = 0;
     *got = 0;
     *again = 0;
-    o->ERR_clear_error();
+    /* Nothing buffered in OpenSSL and no ciphertext left: the read would
+     * only say "want read" (a record needs bytes; _ssl sets no read-ahead). */
+    if (!o->SSL_has_pending(self->ssl) && o->BIO_ctrl_pending(self->rbio) == 0) {
+        *again = 1;
+        return 0;
+    }
     if (o->SSL_read_ex(self->ssl, area, (size_t)len, &n)) {
         *got = (Py_ssize_t)n;
         return 0;
@@ -268,7 +273,6 @@ tls_write(TLSEngineObject *self, PyObject *data, int *fallback)
         }
         const tl_ossl *o = &self->st->ossl;
         size_t w = 0;
-        o->ERR_clear_error();
         int ok = view.len > 0 &&
                  o->SSL_write_ex(self->ssl, view.buf, (size_t)view.len, &w) &&
                  w == (size_t)view.len;
@@ -623,6 +627,11 @@ engine_feed(tl_cproto *cp, const char *buf, Py_ssize_t n)
     tl_state *st = self->st;
     if (self->proto == NULL)
         return 0;       /* detached: the connection is gone */
+    /* SSL_get_error() needs an empty error queue before the calls it
+     * judges; our calls leave it empty unless they fail (then _ssl takes
+     * over), so once per entry is enough. */
+    if (self->route == TL_TLS_OPENSSL)
+        st->ossl.ERR_clear_error();
     if (bio_in(self, buf, n) < 0)
         return -1;
     PyObject *state = pget(self, st->str_t_state);
@@ -707,6 +716,8 @@ engine_app_write(TLSEngineObject *self, PyObject *data)
     if (state != st->tls_wrapped || has_backlog)
         return write_appdata(self, data);
     int fallback;
+    if (self->route == TL_TLS_OPENSSL)
+        st->ossl.ERR_clear_error();      /* see engine_feed */
     if (tls_write(self, data, &fallback) < 0)
         goto except;
     if (fallback)
@@ -986,6 +997,7 @@ tls_setup(PyObject *module, PyObject *args)
     SYM(SSL_get_rbio) SYM(SSL_get_wbio) SYM(SSL_get_SSL_CTX) SYM(SSL_get_ex_data)
     SYM(SSL_is_server) SYM(SSL_do_handshake) SYM(BIO_write) SYM(BIO_read)
     SYM(BIO_ctrl_pending) SYM(ERR_clear_error) SYM(OpenSSL_version)
+    SYM(SSL_has_pending)
 #undef SYM
     dlclose(h);
     if (missing != NULL)
