@@ -72,6 +72,47 @@ def client_hello(server_hostname="localhost", ctx=None):
     return out.read()
 
 
+def _pump(a_out, b_in, b_out, a_in):
+    b_in.write(a_out.read())
+    a_in.write(b_out.read())
+
+
+def openssl_reason(data, *, after_handshake=False):
+    """The reason this ssl module's OpenSSL gives a server that receives
+    ``data`` instead of a ClientHello (or, ``after_handshake``, as the next
+    record after a completed handshake): the reasons differ between OpenSSL
+    releases (3.0 says DATA_LENGTH_TOO_LONG for an oversized record, 3.6
+    RECORD_LAYER_FAILURE), the loops must agree with the library."""
+    s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    server = server_context().wrap_bio(s_in, s_out, server_side=True)
+    if after_handshake:
+        c_in, c_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        client = client_context().wrap_bio(c_in, c_out, server_hostname="localhost")
+        done = set()
+        for _ in range(10):
+            for name, obj in (("client", client), ("server", server)):
+                if name in done:
+                    continue
+                try:
+                    obj.do_handshake()
+                    done.add(name)
+                except ssl.SSLWantReadError:
+                    pass
+            _pump(c_out, s_in, s_out, c_in)
+        assert done == {"client", "server"}
+    s_in.write(data)
+    try:
+        if after_handshake:
+            server.read(1024)
+        else:
+            server.do_handshake()
+    except ssl.SSLError as e:
+        if isinstance(e, ssl.SSLWantReadError):
+            return None
+        return e.reason
+    return None
+
+
 def record_length(head):
     """Total length of the TLS record whose 5-byte header is ``head``."""
     return 5 + int.from_bytes(head[3:5], "big")

@@ -123,7 +123,7 @@ def snapshot():
     # each of its slots: names made afresh for each lookup (C code calling
     # PyObject_GetAttrString() & co) would fill it slowly, up to its 4,096
     # slots, and count as growth.
-    sys._clear_type_cache()
+    (getattr(sys, "_clear_internal_caches", None) or sys._clear_type_cache)()
     with open("/proc/self/statm") as f:
         rss = int(f.read().split()[1]) * PAGE
     return sys.getallocatedblocks(), open_fds(), rss

@@ -478,24 +478,57 @@ def test_tls_layer_error_and_the_socket(loop, listener):
     fd_leak_check(before)
 
 
+def _ssl_object_needs_server_hostname():
+    """Whether ssl refuses an SSLObject without server_hostname when the
+    context checks hostnames (3.14 does; earlier versions check nothing)."""
+    try:
+        client_context().wrap_bio(ssl.MemoryBIO(), ssl.MemoryBIO())
+    except ValueError:
+        return True
+    return False
+
+
 def test_empty_server_hostname(loop):
-    """server_hostname='' asks for no hostname check and sends no SNI."""
+    """server_hostname='' asks for no hostname check and sends no SNI.  With
+    a context that checks hostnames, the ssl module of 3.14 refuses that
+    (ValueError once connected); earlier versions connect, checking only the
+    certificate chain."""
     seen = []
+    refused = _ssl_object_needs_server_hostname()
 
     async def main():
         sctx = server_context()
         sctx.sni_callback = lambda obj, name, ctx: seen.append(name)
         srv = await loop.create_server(lambda: EchoProtocol(), "127.0.0.1", 0, ssl=sctx)
-        tr, pr = await wait(loop.create_connection(
-            lambda: Recorder(loop), *srv.sockets[0].getsockname(), ssl=client_context(),
-            server_hostname=""))
+        addr = srv.sockets[0].getsockname()
+        if refused:
+            with pytest.raises(ValueError) as ei:
+                await wait(loop.create_connection(lambda: Recorder(loop), *addr,
+                                                  ssl=client_context(), server_hostname=""))
+            assert str(ei.value) == "check_hostname requires server_hostname"
+            await asyncio.sleep(0.1)  # the server's side of it ends
+            assert seen == []
+        else:
+            tr, pr = await wait(loop.create_connection(
+                lambda: Recorder(loop), *addr, ssl=client_context(), server_hostname=""))
+            assert tr.get_extra_info("ssl_object").server_hostname is None
+            assert seen == [None]
+            tr.close()
+            await wait(pr.lost)
+        # without hostname checks, '' is accepted on every version
+        ctx = client_context()
+        ctx.check_hostname = False
+        tr, pr = await wait(loop.create_connection(lambda: Recorder(loop), *addr, ssl=ctx,
+                                                   server_hostname=""))
         assert tr.get_extra_info("ssl_object").server_hostname is None
-        assert seen == [None]
+        assert seen[-1] is None
         tr.close()
         await wait(pr.lost)
         await close_server(srv)
 
-    arun(loop, main())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # 3.11-3.13 (gh-153133)
+        arun(loop, main())
 
 
 def test_server_tls_arguments(loop):
