@@ -279,6 +279,61 @@ def test_protocol_versions(loop, version):
     arun(loop, main())
 
 
+def test_echo_unix_socket(loop, tmp_path):
+    """TLS over a Unix stream socket (create_unix_server/_connection)."""
+    data = payload(100_000)
+
+    async def main():
+        path = str(tmp_path / "tls.sock")
+        srv = await loop.create_unix_server(lambda: EchoProtocol(), path, ssl=server_context())
+        tr, pr = await wait(loop.create_unix_connection(
+            lambda: Recorder(loop), path, ssl=client_context(), server_hostname="localhost"))
+        assert tr.get_extra_info("ssl_object").version() == "TLSv1.3"
+        assert tr.get_extra_info("peername") == path
+        assert tr.get_extra_info("socket").family == socket.AF_UNIX
+        tr.write(data)
+        assert await pr.wait_bytes(len(data)) == data
+        tr.close()
+        assert await wait(pr.lost) is None
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+def test_sendfile_falls_back(loop, tmp_path):
+    """loop.sendfile() over TLS: no native sendfile, asyncio's fallback
+    (read and write, with the transport's flow control) sends the file; with
+    fallback=False it is refused."""
+    path = tmp_path / "file.bin"
+    content = payload(3 << 20)
+    path.write_bytes(content)
+
+    async def main():
+        accepted = []
+        srv, addr = await tls_server(loop, tls_echo_recorder(loop, accepted))
+        tr, pr = await tls_connect(loop, lambda: Recorder(loop), addr)
+        await wait_until(lambda: accepted)
+        sp = accepted[0]
+        with open(path, "rb") as f:
+            with pytest.raises(RuntimeError, match=r"^fallback is disabled and native sendfile "
+                                                   r"is not supported for transport "):
+                await loop.sendfile(tr, f, fallback=False)
+            assert f.tell() == 0
+            sent = await wait(loop.sendfile(tr, f, offset=100, count=(2 << 20)))
+            assert sent == 2 << 20
+            assert f.tell() == 100 + (2 << 20)
+        assert tr.get_protocol() is pr  # the app protocol is back
+        assert await pr.wait_bytes(2 << 20) == content[100:100 + (2 << 20)]
+        assert bytes(sp.data) == content[100:100 + (2 << 20)]
+        tr.write(b"after")
+        assert (await pr.wait_bytes((2 << 20) + 5))[-5:] == b"after"
+        tr.close()
+        await wait(pr.lost)
+        await close_server(srv)
+
+    arun(loop, main())
+
+
 # ---------------------------------------------------------- extra info
 
 def test_extra_info(loop):

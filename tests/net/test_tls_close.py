@@ -363,3 +363,27 @@ def test_server_close_keeps_tls_connections(loop):
         await wait(srv.wait_closed())
 
     arun(loop, main())
+
+
+@pytest.mark.skipif(not hasattr(asyncio.Server, "close_clients"),
+                    reason="Server.close_clients()/abort_clients() are 3.13+")
+@pytest.mark.parametrize("how", ["close_clients", "abort_clients"])
+def test_server_close_clients(loop, how):
+    """3.13+: Server.close_clients()/abort_clients() end the server's TLS
+    connections (the socket transports under them: no close_notify); the
+    server's protocol gets connection_lost(None), the client sees the
+    connection end without close_notify (eof_received(), then
+    connection_lost(None)); wait_closed() returns."""
+    async def main():
+        calls = handler_calls(loop)
+        srv, ctr, cpr, spr = await tls_pair(loop)
+        srv.close()
+        getattr(srv, how)()
+        assert await wait(spr.lost) is None
+        assert spr.events == ["made", "lost"]
+        assert await wait(cpr.lost) is None
+        assert cpr.events == ["made", "eof", "lost"]
+        await wait(srv.wait_closed())
+        assert calls == []
+
+    arun(loop, main())
