@@ -36,4 +36,14 @@ def apply_sabotage(scenario, loop):
         loop._handle_signal = lambda sig: None
     elif scenario == "g":  # transports neither warn nor close when collected
         se._SelectorTransport.__del__ = lambda self: None
+    elif scenario == "h":  # every 10th TLS connection never reports its loss
+        from asyncio import sslproto
+        orig, count = sslproto.SSLProtocol.connection_lost, [0]
+
+        def lost(self, exc):
+            count[0] += 1
+            if count[0] % 10 == 0:
+                return
+            return orig(self, exc)
+        sslproto.SSLProtocol.connection_lost = lost
     # e is sabotaged inside scenario_e (it replaces call_soon_threadsafe)

@@ -133,6 +133,26 @@ def test_close_loop_with_live_transports(tmp_path, loop_name):
     assert warned == expected_warnings(SZ["g_conns"])
 
 
+def test_tls_clients_reset(tmp_path, loop_name):
+    p, res = run_stress(tmp_path, loop_name, "h")
+    check_clean(p, res)
+    routes = res["details"]["routes"]
+    n = SZ["h_clients"]
+    assert res["faults"] == n * len(routes)
+    assert res["conns"] == (n + 3) * len(routes)
+    assert res["bytes_sent"] == res["bytes_verified"] > 0
+    # stock asyncio calls the exception handler for none of the failures
+    assert res["handler_calls"] == []
+    for route in routes:
+        d = res["details"][route]
+        assert d["modes"] == {m: n // 4 for m in ("mid-hello", "after-hello", "mid-write",
+                                                   "mid-read")}
+        assert d["protocols"] == n + 3 and d["made"] == d["lost"]
+        # every client that reset before its handshake ended made no connection
+        assert d["handshakes_failed"] >= n // 2
+        assert d["healthy_ok"] == 3
+
+
 @pytest.mark.parametrize("scenario", list(stress_run.SCENARIOS))
 def test_scenario_detects_a_broken_loop(tmp_path, scenario):
     """The stock loop with a planted bug must make the scenario fail."""
