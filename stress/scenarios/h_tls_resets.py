@@ -72,13 +72,9 @@ def live_rss_kb():
 
 
 def _routes():
-    """tideloop's TLS routes, or [None] (the loop's only TLS).
-    FALLBACK until the route API of issue 12 exists: [None]."""
-    try:
-        from tideloop import _core
-    except ImportError:
-        return [None]
-    return list(getattr(_core, "tls_routes", None) or [None])
+    """tideloop's TLS routes (tideloop._core.tls_routes)."""
+    from tideloop import _core
+    return list(_core.tls_routes)
 
 
 def _set_route(route):

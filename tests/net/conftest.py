@@ -19,18 +19,12 @@ def _tideloop_routes():
         from tideloop import _core
     except ImportError:
         return ()  # the loop fixture's own import fails the test
-    # --- FALLBACK until the route API of issue 12 exists: tideloop runs once,
-    # --- with whatever TLS it has.  Delete these two lines with the fallback.
-    if not hasattr(_core, "set_tls_route"):
-        return ()
     return TLS_ROUTES
 
 
 def _params():
     params = [pytest.param("asyncio", None, id="asyncio")]
     routes = _tideloop_routes()
-    if not routes:
-        params.append(pytest.param("tideloop", None, id="tideloop"))
     for route in routes:
         params.append(pytest.param("tideloop", route, id=f"tideloop-{route}"))
     return params

@@ -11,9 +11,6 @@ from tls_helpers import TLS_ROUTES
 def test_tls_route_api():
     from tideloop import _core
 
-    # --- FALLBACK until the route API exists: delete with the fixture's.
-    if not hasattr(_core, "set_tls_route"):
-        pytest.skip("tideloop has no TLS route API yet (issue 12)")
     routes = _core.tls_routes
     assert isinstance(routes, tuple) and routes
     assert set(routes) <= set(TLS_ROUTES) | {"asyncio"}
