@@ -61,6 +61,11 @@ def adopt(protocol):
         route = "sslobject"
     engine = _core.TLSEngine(protocol, route)
     protocol._tl_engine = engine
+    # The engine receives into the loop's buffer, never through
+    # get_buffer(): the protocol's own 256 KiB read buffer goes (get_buffer
+    # makes a new one if something still calls it).
+    protocol._ssl_buffer = bytearray()
+    protocol._ssl_buffer_view = memoryview(protocol._ssl_buffer)
     app_transport = protocol._app_transport
     if app_transport is not None:
         app_transport.write = engine.app_write
