@@ -134,6 +134,10 @@ enum {
     X(future_blocking, "_asyncio_future_blocking")                         \
     X(Task, "Task") X(Future, "Future") X(set_name, "set_name")            \
     X(family, "family") X(type, "type") X(proto, "proto")                  \
+    /* per connection (interned: no new name object per call) */          \
+    X(close, "close") X(attach, "_attach") X(detach, "_detach")            \
+    X(start_reading, "_start_reading")                                     \
+    X(call_connection_lost, "_call_connection_lost")                       \
     /* tls.c: SSLProtocol's attributes and methods */                      \
     X(tl_engine, "_tl_engine") X(t_state, "_state")                        \
     X(app_reading_paused, "_app_reading_paused")                           \

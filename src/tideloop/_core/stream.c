@@ -42,7 +42,8 @@ on_eof(TransportObject *self)
         return tl_tr_fail(self, "Fatal error: protocol.eof_received() call failed.");
     if (k)
         return tl_tr_remove_reader(self);
-    PyObject *r = PyObject_CallMethod((PyObject *)self, "close", NULL);
+    PyObject *r = PyObject_CallMethodNoArgs((PyObject *)self,
+                                            self->loop->state->str_close);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
 }

@@ -48,7 +48,10 @@ close_fd(TransportObject *self)
     if (self->loop != NULL)
         tl_fd_clear_transport(self->loop, self->fd, &self->head);
     if (self->sock != NULL) {
-        PyObject *r = PyObject_CallMethod(self->sock, "close", NULL);
+        /* (self->loop may be gone here: then by name.) */
+        tl_state *st = self->loop != NULL ? self->loop->state : NULL;
+        PyObject *r = st ? PyObject_CallMethodNoArgs(self->sock, st->str_close)
+                         : PyObject_CallMethod(self->sock, "close", NULL);
         if (r == NULL)
             PyErr_WriteUnraisable(self->sock);
         Py_XDECREF(r);
@@ -289,8 +292,8 @@ tl_tr_maybe_resume_protocol(TransportObject *self)
 int
 tl_tr_schedule_connection_lost(TransportObject *self, PyObject *exc)
 {
-    PyObject *meth = PyObject_GetAttrString((PyObject *)self,
-                                            "_call_connection_lost");
+    PyObject *meth = PyObject_GetAttr((PyObject *)self,
+                                      self->loop->state->str_call_connection_lost);
     if (meth == NULL)
         return -1;
     PyObject *arg = exc ? exc : Py_None;
@@ -359,8 +362,9 @@ tl_tr_connection_lost(TransportObject *self, PyObject *exc)
     if (server != NULL) {
         /* 3.13+: Server._detach(transport) (it tracks its clients). */
         PyObject *d = st->server_attach_takes_transport
-                          ? PyObject_CallMethod(server, "_detach", "O", self)
-                          : PyObject_CallMethod(server, "_detach", NULL);
+                          ? PyObject_CallMethodOneArg(server, st->str_detach,
+                                                      (PyObject *)self)
+                          : PyObject_CallMethodNoArgs(server, st->str_detach);
         Py_DECREF(server);
         if (d == NULL)
             keep_first_error(&pending);
@@ -907,8 +911,9 @@ tl_tr_create(LoopObject *loop, PyTypeObject *tp, const tl_transport_ops *ops,
     if (server != NULL && server != Py_None) {
         self->server = Py_NewRef(server);
         PyObject *r = st->server_attach_takes_transport
-                          ? PyObject_CallMethod(server, "_attach", "O", self)
-                          : PyObject_CallMethod(server, "_attach", NULL);
+                          ? PyObject_CallMethodOneArg(server, st->str_attach,
+                                                      (PyObject *)self)
+                          : PyObject_CallMethodNoArgs(server, st->str_attach);
         if (r == NULL)
             goto error;
         Py_DECREF(r);
@@ -925,7 +930,7 @@ tl_tr_create(LoopObject *loop, PyTypeObject *tp, const tl_transport_ops *ops,
     Py_DECREF(made);
     if (rc < 0)
         goto error;
-    PyObject *start = PyObject_GetAttrString((PyObject *)self, "_start_reading");
+    PyObject *start = PyObject_GetAttr((PyObject *)self, st->str_start_reading);
     if (start == NULL)
         goto error;
     rc = tl_loop_call_soon(loop, start, NULL, 0);
