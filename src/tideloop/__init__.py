@@ -31,7 +31,7 @@ from asyncio.log import logger as _logger
 
 from . import _compat
 from . import _core
-from . import _tls  # noqa: F401  (sets up the TLS engine and its routes)
+from . import _tls  # sets up the TLS engine and its routes at import
 from ._version import __version__
 
 __all__ = ("Loop", "new_event_loop", "run", "EventLoopPolicy", "install",
@@ -382,7 +382,7 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
             extra=None, server=None,
             ssl_handshake_timeout=_constants.SSL_HANDSHAKE_TIMEOUT,
             ssl_shutdown_timeout=_constants.SSL_SHUTDOWN_TIMEOUT):
-        ssl_protocol = _sslproto.SSLProtocol(
+        ssl_protocol = _tls.new_ssl_protocol(
             self, protocol, sslcontext, waiter, server_side, server_hostname,
             ssl_handshake_timeout=ssl_handshake_timeout,
             ssl_shutdown_timeout=ssl_shutdown_timeout)

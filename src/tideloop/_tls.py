@@ -72,6 +72,24 @@ def adopt(protocol):
     return engine
 
 
+def new_ssl_protocol(*args, **kwargs):
+    """asyncio's SSLProtocol(*args, **kwargs) for a tideloop transport.
+
+    With the C engine (any route but "asyncio") its 256 KiB read buffer is
+    never used: __init__ is run with max_size 0 for this one instance, so
+    it makes an empty one, and the class's max_size is back right after
+    (get_buffer() and the Python read paths see 256 KiB as always)."""
+    if _core.tls_route() == "asyncio":
+        return _sslproto.SSLProtocol(*args, **kwargs)
+    protocol = _sslproto.SSLProtocol.__new__(_sslproto.SSLProtocol)
+    protocol.max_size = 0
+    try:
+        protocol.__init__(*args, **kwargs)
+    finally:
+        del protocol.max_size
+    return protocol
+
+
 def _prove():
     """None when the openssl route is safe on this interpreter, else why."""
     here = getattr(_ssl, "__file__", None)
