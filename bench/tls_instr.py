@@ -197,7 +197,8 @@ def run_one(tool, server, requests, cfg, paths, workdir):
         gen = subprocess.Popen(
             [paths["tls_loadgen"], "127.0.0.1", port, "--conns", str(cfg.conns),
              "--size", str(cfg.size), "--ca", CA_PEM, "--requests", str(requests),
-             "--duration", f"{RUN_TIMEOUT:g}", "--hold"],
+             "--duration", f"{RUN_TIMEOUT:g}", "--hold"]
+            + (["--handshake"] if cfg.handshake else []),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         result = None
         deadline = time.monotonic() + RUN_TIMEOUT + 30
@@ -356,6 +357,9 @@ def build_parser():
                    help="connections (default: %(default)s)")
     p.add_argument("--size", type=int, default=1024, metavar="BYTES",
                    help="message size (default: %(default)s)")
+    p.add_argument("--handshake", action="store_true",
+                   help="a fresh connection per request (connect, full TLS handshake, "
+                        "one echo, close): the figures are per handshake")
     p.add_argument("--cert", choices=sorted(CERTS), default="ecdsa",
                    help="the servers' certificate (default: %(default)s)")
     p.add_argument("--no-callgrind", dest="callgrind", action="store_false",
@@ -389,6 +393,7 @@ def main(argv=None):
     cfg.python = os.path.realpath(sys.executable)
     cfg.env = procs.worker_env(SRC)
     cfg.cert, cfg.conns, cfg.size = args.cert, args.conns, args.size
+    cfg.handshake = args.handshake
     cfg.valgrind = shutil.which("valgrind")
     cfg.strace = shutil.which("strace")
     missing = [t for t, exe in (("callgrind", cfg.valgrind), ("strace", cfg.strace))
@@ -406,7 +411,8 @@ def main(argv=None):
     counts = (args.requests, 3 * args.requests)
     log(f"tideloop TLS instructions: CPython {platform.python_version()} "
         f"({cfg.python}), {KIND} echo, {harness.fmt_size(args.size)} x {args.conns} "
-        f"connections, {counts[0]} and {counts[1]} requests per server under "
+        f"connections{' (a fresh connection and handshake per request)' if args.handshake else ''}, "
+        f"{counts[0]} and {counts[1]} requests per server under "
         f"{' and '.join(tools)}; PYTHONHASHSEED=0\n")
     if not procs.log_loop_versions(log, loops, versions, "servers'"):
         return 1
@@ -459,6 +465,7 @@ def main(argv=None):
                                               False, 1)[:-2]
                        + ["--requests", str(args.requests)]
                        + (["--no-floor"] if not args.floor else [])
+                       + (["--handshake"] if args.handshake else [])
                        + ([] if args.callgrind else ["--no-callgrind"])
                        + ([] if args.strace else ["--no-strace"]))
     print(f"verdict: {'OK' if not failures else 'FAILED'} "

@@ -315,7 +315,9 @@ typedef struct {
 #define TL_DGRAM_BATCH 8
 #define TL_DGRAM_SLOT_SIZE (64 * 1024)   /* any UDP datagram fits */
 #define TL_DGRAM_AREA_SIZE (TL_DGRAM_BATCH * TL_DGRAM_SLOT_SIZE)
-#define TL_TLS_AREA_SIZE (64 * 1024)
+/* One recv per readable event, as asyncio reads (SSLProtocol.max_size);
+ * allocated once per loop, so above the mmap threshold costs nothing. */
+#define TL_TLS_AREA_SIZE (256 * 1024)
 
 struct LoopObject {
     PyObject_HEAD
