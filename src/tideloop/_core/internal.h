@@ -47,6 +47,7 @@ typedef struct {
     void *(*SSL_get_ex_data)(const void *ssl, int idx);
     int (*SSL_is_server)(const void *ssl);
     int (*SSL_has_pending)(const void *ssl);
+    long (*SSL_ctrl)(void *ssl, int cmd, long larg, void *parg);
     int (*SSL_do_handshake)(void *ssl);
     int (*BIO_write)(void *bio, const void *data, int len);
     int (*BIO_read)(void *bio, void *data, int len);
