@@ -61,6 +61,9 @@ def adopt(protocol):
         route = "sslobject"
     engine = _core.TLSEngine(protocol, route)
     protocol._tl_engine = engine
+    # Every path of SSLProtocol that reads (_do_flush, the end of the
+    # handshake, resume_reading, a full app buffer) calls self._do_read().
+    protocol._do_read = engine.do_read
     # The engine receives into the loop's buffer, never through
     # get_buffer(): the protocol's own 256 KiB read buffer goes (get_buffer
     # makes a new one if something still calls it).

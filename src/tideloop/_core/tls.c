@@ -587,38 +587,60 @@ done:
     return rc;
 }
 
-/* _do_read in the WRAPPED state. */
+/* SSLProtocol._do_read (the WRAPPED or FLUSHING state checked by the
+ * caller), all of it in C.  adopt() installs it as the protocol's own
+ * _do_read, so SSLProtocol's other paths (_do_flush, the end of the
+ * handshake, resume_reading, a full app buffer's call_soon) come here too. */
 static int
 do_read(TLSEngineObject *self)
 {
     tl_state *st = self->st;
     int paused, is_buffer;
-    if (ptrue(self, st->str_app_reading_paused, &paused) < 0 ||
-        ptrue(self, st->str_app_protocol_is_buffer, &is_buffer) < 0)
-        return -1;
-    if (paused)
-        return pcall0(self, st->str_do_read);
     /* try: */
-    if ((is_buffer ? read_buffered(self) : read_copied(self)) < 0)
+    if (ptrue(self, st->str_app_reading_paused, &paused) < 0)
         goto except;
-    PyObject *backlog = pget(self, st->str_write_backlog);
-    if (backlog == NULL && PyErr_Occurred())
-        goto except;
-    int has_backlog = 0;
-    if (backlog != NULL) {
-        Py_INCREF(backlog);
-        has_backlog = PyObject_IsTrue(backlog);
-        Py_DECREF(backlog);
-        if (has_backlog < 0)
+    if (!paused) {
+        if (ptrue(self, st->str_app_protocol_is_buffer, &is_buffer) < 0)
+            goto except;
+        if ((is_buffer ? read_buffered(self) : read_copied(self)) < 0)
+            goto except;
+        PyObject *backlog = pget(self, st->str_write_backlog);
+        if (backlog == NULL && PyErr_Occurred())
+            goto except;
+        int has_backlog = 0;
+        if (backlog != NULL) {
+            Py_INCREF(backlog);
+            has_backlog = PyObject_IsTrue(backlog);
+            Py_DECREF(backlog);
+            if (has_backlog < 0)
+                goto except;
+        }
+        if (has_backlog ? pcall0(self, st->str_do_write) < 0 : process_outgoing(self) < 0)
             goto except;
     }
-    if (has_backlog ? pcall0(self, st->str_do_write) < 0 : process_outgoing(self) < 0)
-        goto except;
     if (control_ssl_reading(self) < 0)
         goto except;
     return 0;
 except:
     return fatal_error(self, "Fatal error on SSL protocol");
+}
+
+/* protocol._do_read() */
+static PyObject *
+engine_do_read_meth(TLSEngineObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->proto == NULL)
+        Py_RETURN_NONE;
+    PyObject *state = pget(self, self->st->str_t_state);
+    if (state == NULL && PyErr_Occurred())
+        return NULL;
+    if (state != self->st->tls_wrapped && state != self->st->tls_flushing)
+        Py_RETURN_NONE;
+    if (self->route == TL_TLS_OPENSSL)
+        self->st->ossl.ERR_clear_error();      /* see engine_feed */
+    if (do_read(self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 /* SSLProtocol.buffer_updated(n), the bytes already in buf. */
@@ -743,9 +765,13 @@ engine_detach(tl_cproto *cp)
 {
     TLSEngineObject *self = (TLSEngineObject *)cp;
     PyObject *exc = PyErr_Occurred() ? tl_err_get_raised() : NULL;
-    if (self->pdict != NULL &&
-        PyDict_GetItemWithError(self->pdict, self->st->str_tl_engine) == (PyObject *)self)
-        (void)PyDict_DelItem(self->pdict, self->st->str_tl_engine);
+    if (self->pdict != NULL) {
+        if (PyDict_GetItemWithError(self->pdict, self->st->str_tl_engine) == (PyObject *)self)
+            (void)PyDict_DelItem(self->pdict, self->st->str_tl_engine);
+        PyObject *m = PyDict_GetItemWithError(self->pdict, self->st->str_do_read);
+        if (m != NULL && PyCFunction_Check(m) && PyCFunction_GET_SELF(m) == (PyObject *)self)
+            (void)PyDict_DelItem(self->pdict, self->st->str_do_read);
+    }
     if (self->app_transport != NULL) {
         PyObject *adict = PyObject_GenericGetDict(self->app_transport, NULL);
         PyObject *w = adict ? PyDict_GetItemWithError(adict, self->st->str_write) : NULL;
@@ -914,6 +940,8 @@ engine_get_route(TLSEngineObject *self, void *Py_UNUSED(c))
 static PyMethodDef engine_methods[] = {
     {"app_write", (PyCFunction)engine_app_write, METH_O,
      "The app transport's write(data)."},
+    {"do_read", (PyCFunction)engine_do_read_meth, METH_NOARGS,
+     "The protocol's _do_read()."},
     {NULL, NULL, 0, NULL},
 };
 
