@@ -2,7 +2,8 @@
 """Run tideloop's checks on every supported CPython: the version matrix.
 
     python tools/matrix.py [--only 3.12,3.14] [--jobs N] [--json OUT]
-                           [--dev-mode LEG] [--no-conformance] [--keep-going]
+                           [--dev-mode LEG] [--no-conformance]
+                           [--conformance-legs LEGS] [--conformance-jobs N]
 
 For each interpreter (a "leg"): find or build it, make a fresh venv, install
 tideloop with its test extra from this checkout (warnings are errors:
@@ -28,6 +29,9 @@ Legs (the interpreters CI tests; README "Supported versions"):
 ``--dev-mode LEG`` runs that leg's suite under ``-X dev`` with
 ``PYTHONMALLOC=debug`` (children inherit the debug allocator).  Legs run
 ``--jobs`` at a time (default 1); their logs go to ``--logdir``.
+``--conformance-legs`` limits the conformance run to some legs (CI: 3.14, the
+one with every module; ``.ci/run --full``: all), ``--conformance-jobs`` is
+run.py's ``--jobs`` (modules at a time within a leg).
 """
 import argparse
 import concurrent.futures
@@ -172,11 +176,12 @@ def run_leg(leg, args):
                         cmd, env=test_env)
         res["pytest"] = pytest_counts(logf)
         ok = ok_tests
-        if not args.no_conformance:
+        if not args.no_conformance and leg in args.conformance_legs:
             cj = os.path.join(logdir, f"conformance-{leg}.json")
             ok_conf = step("conformance", [vpy, "tests/conformance/run.py", "--loop", "both",
                                            "--strict", "--known",
                                            "tests/conformance/known_failures.txt",
+                                           "--jobs", str(args.conformance_jobs),
                                            "--json", cj])
             try:
                 with open(cj) as f:
@@ -237,6 +242,11 @@ def main(argv=None):
     ap.add_argument("--logdir", default=None)
     ap.add_argument("--dev-mode", default=None, metavar="LEG")
     ap.add_argument("--no-conformance", action="store_true")
+    ap.add_argument("--conformance-legs", default=None, metavar="LEGS",
+                    help="comma-separated legs that run the conformance tests "
+                         "(default: every leg)")
+    ap.add_argument("--conformance-jobs", type=int, default=1, metavar="N",
+                    help="tests/conformance/run.py --jobs (default %(default)s)")
     ap.add_argument("--report", metavar="JSON",
                     help="print the markdown table of a --json file and exit "
                          "(status 1 unless every leg passed)")
@@ -250,13 +260,26 @@ def main(argv=None):
     for leg in legs:
         if leg not in LEGS:
             ap.error(f"unknown leg {leg!r} (known: {', '.join(LEGS)})")
+    args.conformance_legs = legs if args.conformance_legs is None else [
+        x.strip() for x in args.conformance_legs.split(",") if x.strip()]
+    for leg in args.conformance_legs:
+        if leg not in legs:
+            ap.error(f"--conformance-legs: {leg!r} is not among the legs run ({', '.join(legs)})")
     args.logdir = args.logdir or tempfile.mkdtemp(prefix="tideloop-matrix-")
     os.makedirs(args.logdir, exist_ok=True)
     os.makedirs(CACHE, exist_ok=True)
     log(f"legs {legs}, {args.jobs} at a time, logs in {args.logdir}")
     t0 = time.monotonic()
+    # The longest legs start first (conformance; the free-threaded build,
+    # whose gc.collect() walks every object; -X dev), so that the last one to
+    # finish does not run alone; results stay in --only's order.
+    def weight(leg):
+        return (not args.no_conformance and leg in args.conformance_legs,
+                leg.endswith("t"), leg == args.dev_mode)
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as ex:
-        results = list(ex.map(lambda leg: run_leg(leg, args), legs))
+        futures = {leg: ex.submit(run_leg, leg, args)
+                   for leg in sorted(legs, key=weight, reverse=True)}
+        results = [futures[leg].result() for leg in legs]
     print()
     print(f"{'leg':<7} {'python':<10} {'result':<7} {'suite p/f/s':<16} "
           f"{'conformance stock/tideloop passed':<34} {'regr':<5} {'min':>5}")

@@ -8,8 +8,11 @@
 # run fails.  Leak detection is off: the interpreter itself does not free
 # everything at exit (tests/stress/test_leaks.py checks our leaks instead).
 #
-#   bash tools/sanitize.sh                 # the whole suite
-#   bash tools/sanitize.sh -k tideloop     # extra pytest arguments
+#   bash tools/sanitize.sh                 # the whole suite (.ci/run --full)
+#   bash tools/sanitize.sh --loops tideloop    # tideloop's side of it (CI)
+#   bash tools/sanitize.sh -k timers       # extra pytest arguments
+# The stock loop's side runs no code of ours: --loops tideloop keeps every
+# test that does (the loop-parametrised ones on tideloop, and the rest).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY="${PYTHON:-python3}"

@@ -4,7 +4,7 @@ on tideloop (optionally also on uvloop), and compare them test by test.
 
     python tests/conformance/run.py [--loop asyncio|tideloop|uvloop|both|all|SIDE,SIDE...]
         [--modules m1,m2] [--json out.json] [--verbose]
-        [--strict] [--known FILE] [--timeout 300] [--test-timeout 120]
+        [--strict] [--known FILE] [--timeout 300] [--test-timeout 120] [--jobs N]
 
 Every (module, loop) pair runs in a fresh subprocess (child.py), so a crash or
 hang is contained: the test that was running is recorded as "crash"/"hang" and
@@ -33,6 +33,9 @@ and their working directory in a directory of their own (inside the work
 directory), so whatever CPython's tests leave behind (temporary files, Unix
 sockets, os_helper.TESTFN after a crash) goes too.
 
+--jobs N runs N (module, loop) pairs at a time (CI: 3), each child in a
+temporary directory of its own; the report is the same as one after the other.
+
 --loop all (or a list such as stock,tideloop,uvloop) adds a uvloop side,
 patched exactly like the tideloop side but with uvloop.Loop (--uvloop-factory),
 for comparison: the table gets uvloop columns and "uv regr" (passes on stock,
@@ -43,6 +46,7 @@ the installed package.
 """
 
 import argparse
+import concurrent.futures
 import fnmatch
 import sysconfig
 import json
@@ -52,6 +56,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -204,8 +209,30 @@ def describe_exit(rc):
     return f"exit {rc}"
 
 
-def run_side(module, side, args, workdir):
-    """Run one module on one side, resuming after crashes. Returns a dict."""
+class Stopped(Exception):
+    """The run is being interrupted: start no more children."""
+
+
+# With --jobs > 1, the children running now (so that an interrupted run can
+# stop them all: signals reach the main thread only) and the flag that keeps
+# the workers from starting new ones.
+_live = set()
+_live_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+def stop_children():
+    _stopping.set()
+    with _live_lock:
+        for proc in _live:
+            kill_group(proc.pid)
+
+
+def run_side(module, side, args, workdir, child_tmp=None):
+    """Run one module on one side, resuming after crashes. Returns a dict.
+    child_tmp: the children's TMPDIR and working directory (default
+    args.child_tmp; concurrent runs each have their own)."""
+    child_tmp = child_tmp or args.child_tmp
     out = os.path.join(workdir, f"{module}.{side}.jsonl")
     log = os.path.join(workdir, f"{module}.{side}.log")
     skipf = os.path.join(workdir, f"{module}.{side}.skip")
@@ -233,11 +260,15 @@ def run_side(module, side, args, workdir):
             cmd.append("--verbose")
         start_len = len(read_records(out))
         with open(log, "ab") as logf:
-            # cwd: os_helper.TESTFN and some Unix socket names are relative.
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL,
-                                    env=child_env(args.child_tmp),
-                                    cwd=args.child_tmp, start_new_session=True)
+            with _live_lock:
+                if _stopping.is_set():
+                    raise Stopped()
+                # cwd: os_helper.TESTFN and some Unix socket names are relative.
+                proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL,
+                                        env=child_env(child_tmp),
+                                        cwd=child_tmp, start_new_session=True)
+                _live.add(proc)
             try:
                 rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -252,6 +283,11 @@ def run_side(module, side, args, workdir):
                 raise
             else:
                 kill_group(proc.pid)    # leftovers (grandchildren) of a crashed child
+            finally:
+                with _live_lock:
+                    _live.discard(proc)
+        if _stopping.is_set():
+            raise Stopped()
         recs = read_records(out)[start_len:]
         running = None
         done = False
@@ -492,6 +528,11 @@ def main(argv=None):
                     help="per test watchdog, seconds (0 = off)")
     ap.add_argument("--max-restarts", type=int, default=30,
                     help="resume a module after this many crashes at most")
+    ap.add_argument("--jobs", type=int, default=1, metavar="N",
+                    help="run N (module, loop) pairs at a time, each child in a "
+                         "temporary directory of its own (default 1: one after "
+                         "the other); most of a module's time is its tests' "
+                         "sleeps, so 3 take about a third of the time on 2 cores")
     ap.add_argument("--workdir",
                     help="keep the child logs in this directory (default: a "
                          "temporary directory, removed at the end of the run)")
@@ -516,12 +557,15 @@ def main(argv=None):
         os.makedirs(workdir, exist_ok=True)
     else:
         workdir = tempfile.mkdtemp(prefix="tideloop-conformance-")
-    args.child_tmp = None
+    args.jobs = max(1, args.jobs)
+    args.child_tmp, args.child_tmps = None, []
     previous_sigterm = signal.getsignal(signal.SIGTERM)
     try:
         # SIGTERM (a CI timeout, kill): unwind like Ctrl-C, through the clean-up.
         signal.signal(signal.SIGTERM, _on_sigterm)
-        args.child_tmp = make_child_tmp(workdir)
+        for _ in range(args.jobs):      # one per child running at a time
+            args.child_tmps.append(make_child_tmp(workdir))
+        args.child_tmp = args.child_tmps[0]
         return run_all(args, modules, sides, known, workdir)
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)
@@ -535,15 +579,58 @@ def _on_sigterm(signum, frame):
 def clean_up(args, workdir):
     if args.keep:
         print(f"kept: child logs in {workdir}, the children's temporary files in "
-              f"{args.child_tmp}", file=sys.stderr)
+              f"{', '.join(args.child_tmps)}", file=sys.stderr)
         return
-    left = []
-    if args.child_tmp and not remove_tree(args.child_tmp):
-        left.append(args.child_tmp)
+    left = [p for p in args.child_tmps if not remove_tree(p)]
     if not args.workdir and not remove_tree(workdir):
         left.append(workdir)
     for path in left:
         print(f"conformance: could not remove {path}", file=sys.stderr)
+
+
+# Scheduled first when pairs run concurrently (--jobs): the longest modules,
+# so that the run does not end waiting on one of them.
+LONG_MODULES = ["test_tasks", "test_subprocess", "test_ssl", "test_taskgroups",
+                "test_sslproto", "test_events"]
+
+
+def run_pairs(args, pairs, workdir, t0):
+    """Run every (module, side) pair: {pair: info}."""
+    def one(pair, child_tmp):
+        m, side = pair
+        print(f"[{time.monotonic() - t0:6.1f}s] {m} on {side} ...", file=sys.stderr, flush=True)
+        info = run_side(m, side, args, workdir, child_tmp)
+        info["counts"] = counts(info["results"]) if info["results"] or not info["error"] else None
+        return info
+
+    if args.jobs == 1:
+        return {pair: one(pair, args.child_tmp) for pair in pairs}
+    rank = {m: i for i, m in enumerate(LONG_MODULES)}
+    todo = sorted(pairs, key=lambda p: rank.get(p[0], len(rank)))
+    free = list(args.child_tmps)        # a directory per running child
+    lock = threading.Lock()
+
+    def task(pair):
+        with lock:
+            child_tmp = free.pop()
+        try:
+            return one(pair, child_tmp)
+        finally:
+            with lock:
+                free.append(child_tmp)
+
+    ex = concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs)
+    try:
+        futures = {pair: ex.submit(task, pair) for pair in todo}
+        infos = {pair: futures[pair].result() for pair in todo}
+    except BaseException:
+        # Ctrl-C or SIGTERM (in this thread), an error in a worker: stop
+        # the children that run now and start no other.
+        stop_children()
+        ex.shutdown(wait=True, cancel_futures=True)
+        raise
+    ex.shutdown()
+    return {pair: infos[pair] for pair in pairs}
 
 
 def run_all(args, modules, sides, known, workdir):
@@ -554,13 +641,9 @@ def run_all(args, modules, sides, known, workdir):
               "loop_factory": args.loop_factory if "tideloop" in sides else None,
               "workdir": workdir, "logs_kept": bool(args.keep or args.workdir),
               "modules": {}}
+    infos = run_pairs(args, [(m, side) for m in modules for side in sides], workdir, t0)
     for m in modules:
-        d = {}
-        for side in sides:
-            print(f"[{time.monotonic() - t0:6.1f}s] {m} on {side} ...", file=sys.stderr, flush=True)
-            info = run_side(m, side, args, workdir)
-            info["counts"] = counts(info["results"]) if info["results"] or not info["error"] else None
-            d[side] = info
+        d = {side: infos[m, side] for side in sides}
         if "stock" in sides and "tideloop" in sides:
             regs, nyi, skipped, fixed = compare(d["stock"]["results"], d["tideloop"]["results"],
                                                 args, known)

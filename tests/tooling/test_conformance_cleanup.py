@@ -52,7 +52,7 @@ HELPER = textwrap.dedent("""\
 
     class HangingLoop(_Misbehaving):
         def misbehave(self):
-            marker = os.environ["CONFORMANCE_MARKER"]
+            marker = f"{os.environ['CONFORMANCE_MARKER']}.{os.getpid()}"
             with open(marker + ".tmp", "w") as f:
                 f.write(str(os.getpid()))
             os.rename(marker + ".tmp", marker)
@@ -84,10 +84,11 @@ def _runner(env, *args, timeout=TIMEOUT):
                           stdin=subprocess.DEVNULL, cwd=REPO)
 
 
-def test_passing_run_leaves_nothing(sandbox):
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_passing_run_leaves_nothing(sandbox, jobs):
     env, tmpdir, tmp_path = sandbox
     report = tmp_path / "report.json"
-    out = _runner(env, "--loop", "both", "--strict", "--json", str(report))
+    out = _runner(env, "--loop", "both", "--strict", "--json", str(report), "--jobs", jobs)
     assert out.returncode == 0, out.stdout + out.stderr
     assert _leftovers(tmpdir) == []
     assert "child logs removed" in out.stdout
@@ -130,23 +131,27 @@ def test_error_in_runner_leaves_nothing(sandbox):
     assert _leftovers(tmpdir) == []
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_interrupted_run_leaves_nothing(sandbox, signum):
+def test_interrupted_run_leaves_nothing(sandbox, signum, jobs):
+    """With --jobs 2, two children hang at once (two modules); both go."""
     env, tmpdir, tmp_path = sandbox
-    marker = tmp_path / "hanging-child"
-    env["CONFORMANCE_MARKER"] = str(marker)
-    proc = subprocess.Popen([sys.executable, str(RUNNER), "--modules", MODULE,
-                             "--loop", "tideloop",
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    env["CONFORMANCE_MARKER"] = str(markers / "hanging-child")
+    modules = MODULE if jobs == "1" else f"{MODULE},test_futures2"
+    proc = subprocess.Popen([sys.executable, str(RUNNER), "--modules", modules,
+                             "--loop", "tideloop", "--jobs", jobs,
                              "--loop-factory", "misbehaving_loops:HangingLoop"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True, cwd=REPO)
     try:
         deadline = time.monotonic() + TIMEOUT - 5
-        while not marker.exists():
+        while len(list(markers.glob("hanging-child.*[0-9]"))) < int(jobs):
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the hanging child did not start"
+            assert time.monotonic() < deadline, "the hanging child(ren) did not start"
             time.sleep(0.02)
-        child = int(marker.read_text())
+        children = [int(p.read_text()) for p in markers.glob("hanging-child.*[0-9]")]
         assert _leftovers(tmpdir) != []         # the run's files are there now
         proc.send_signal(signum)
         stdout, stderr = proc.communicate(timeout=10)
@@ -159,8 +164,9 @@ def test_interrupted_run_leaves_nothing(sandbox, signum):
             130, "conformance: interrupted"), stderr
     else:
         assert proc.returncode == 128 + signal.SIGTERM, stderr
-    with pytest.raises(ProcessLookupError):
-        os.kill(child, 0)                       # the child was stopped, not orphaned
+    for child in children:
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)                   # the child was stopped, not orphaned
     assert _leftovers(tmpdir) == []
 
 
