@@ -466,6 +466,8 @@ def main(argv=None):
                        + ["--requests", str(args.requests)]
                        + (["--no-floor"] if not args.floor else [])
                        + (["--handshake"] if args.handshake else [])
+                       + (["--conns", str(args.conns)] if args.conns != 10 else [])
+                       + (["--size", str(args.size)] if args.size != 1024 else [])
                        + ([] if args.callgrind else ["--no-callgrind"])
                        + ([] if args.strace else ["--no-strace"]))
     print(f"verdict: {'OK' if not failures else 'FAILED'} "
