@@ -566,3 +566,33 @@ def test_connection_made_raises_server(loop):
         await close_server(srv)
 
     arun(loop, main())
+
+
+# ------------------------------------------------ connection lost mid-call
+
+def test_lower_connection_lost_inside_data_received(loop):
+    """The lower transport's connection_lost() run from inside the app's
+    data_received() (the TLS protocol is torn down while its read is still
+    on the stack): the loop carries on, the client sees EOF, nothing is
+    reported.  On tideloop the C engine must keep what it uses until its
+    call ends (it crashed when it let go at once)."""
+    class Killer(asyncio.Protocol):
+        def connection_made(self, tr):
+            self.tr = tr
+
+        def data_received(self, data):
+            self.tr._ssl_protocol._transport._call_connection_lost(None)
+            self.tr.write(data)
+
+    async def main():
+        calls = handler_calls(loop)
+        srv = await loop.create_server(Killer, "127.0.0.1", 0, ssl=server_context())
+        reader, writer = await wait(asyncio.open_connection(
+            *srv.sockets[0].getsockname(), ssl=client_context(), server_hostname="localhost"))
+        writer.write(b"hello")
+        assert await wait(reader.read(100)) == b""
+        writer.close()
+        await close_server(srv)
+        assert calls == []
+
+    arun(loop, main())

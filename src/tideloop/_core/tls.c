@@ -61,6 +61,8 @@ typedef struct {
     PyObject *incoming, *outgoing;      /* _ssl.MemoryBIO */
     PyObject *app_transport;    /* its _SSLProtocolTransport, or NULL */
     void *ssl, *rbio, *wbio;    /* openssl route */
+    int busy;                   /* entries (feed, app_write, do_read) running */
+    int detach_pending;         /* connection_lost came while busy */
     PyObject *weakreflist;
 } TLSEngineObject;
 
@@ -625,9 +627,11 @@ except:
     return fatal_error(self, "Fatal error on SSL protocol");
 }
 
+static void engine_leave(TLSEngineObject *self);
+
 /* protocol._do_read() */
 static PyObject *
-engine_do_read_meth(TLSEngineObject *self, PyObject *Py_UNUSED(ignored))
+engine_do_read_impl(TLSEngineObject *self)
 {
     if (self->proto == NULL)
         Py_RETURN_NONE;
@@ -643,11 +647,19 @@ engine_do_read_meth(TLSEngineObject *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+static PyObject *
+engine_do_read_meth(TLSEngineObject *self, PyObject *Py_UNUSED(ignored))
+{
+    self->busy++;
+    PyObject *r = engine_do_read_impl(self);
+    engine_leave(self);
+    return r;
+}
+
 /* SSLProtocol.buffer_updated(n), the bytes already in buf. */
 static int
-engine_feed(tl_cproto *cp, const char *buf, Py_ssize_t n)
+engine_feed_impl(TLSEngineObject *self, const char *buf, Py_ssize_t n)
 {
-    TLSEngineObject *self = (TLSEngineObject *)cp;
     tl_state *st = self->st;
     if (self->proto == NULL)
         return 0;       /* detached: the connection is gone */
@@ -672,6 +684,16 @@ engine_feed(tl_cproto *cp, const char *buf, Py_ssize_t n)
     return 0;
 }
 
+static int
+engine_feed(tl_cproto *cp, const char *buf, Py_ssize_t n)
+{
+    TLSEngineObject *self = (TLSEngineObject *)cp;
+    self->busy++;
+    int rc = engine_feed_impl(self, buf, n);
+    engine_leave(self);
+    return rc;
+}
+
 /* ---- the app transport's write() ---- */
 
 static PyObject *
@@ -688,7 +710,7 @@ write_appdata(TLSEngineObject *self, PyObject *data)
 
 /* _SSLProtocolTransport.write(data), installed on the app transport. */
 static PyObject *
-engine_app_write(TLSEngineObject *self, PyObject *data)
+engine_app_write_impl(TLSEngineObject *self, PyObject *data)
 {
     tl_state *st = self->st;
     if (self->proto == NULL) {
@@ -755,15 +777,23 @@ except:
     Py_RETURN_NONE;
 }
 
+static PyObject *
+engine_app_write(TLSEngineObject *self, PyObject *data)
+{
+    self->busy++;
+    PyObject *r = engine_app_write_impl(self, data);
+    engine_leave(self);
+    return r;
+}
+
 static void engine_clear_refs(TLSEngineObject *self);
 
 /* The connection is gone: out of the protocol's and the app transport's
  * __dict__, and every reference dropped, so that reference counting alone
  * frees them (asyncio's tests check that no garbage is left). */
 static void
-engine_detach(tl_cproto *cp)
+engine_detach_now(TLSEngineObject *self)
 {
-    TLSEngineObject *self = (TLSEngineObject *)cp;
     PyObject *exc = PyErr_Occurred() ? tl_err_get_raised() : NULL;
     if (self->pdict != NULL) {
         if (PyDict_GetItemWithError(self->pdict, self->st->str_tl_engine) == (PyObject *)self)
@@ -783,6 +813,28 @@ engine_detach(tl_cproto *cp)
     engine_clear_refs(self);
     if (exc != NULL)
         tl_err_set_raised(exc);
+}
+
+/* (A connection_lost() inside one of the engine's own calls -- a test
+ * calling _call_connection_lost() from data_received(), say -- takes effect
+ * when that call ends: its references stay valid until then.) */
+static void
+engine_detach(tl_cproto *cp)
+{
+    TLSEngineObject *self = (TLSEngineObject *)cp;
+    if (self->busy > 0)
+        self->detach_pending = 1;
+    else
+        engine_detach_now(self);
+}
+
+static void
+engine_leave(TLSEngineObject *self)
+{
+    if (--self->busy == 0 && self->detach_pending) {
+        self->detach_pending = 0;
+        engine_detach_now(self);
+    }
 }
 
 /* ---- the engine type ---- */
