@@ -141,8 +141,24 @@ def run_leg(leg, args):
     env.update(TIDELOOP_DEV="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_PREFER_BINARY="1")
     if leg.endswith("t"):
         env["PYTHON_GIL"] = "1"
-    venv = os.path.join(CACHE, f"venv-{leg}")
-    shutil.rmtree(venv, ignore_errors=True)
+    # A directory of this run's own: two runs at once (two checkouts' CI on
+    # one machine) must not share a leg's venv.  Removed when the leg passes.
+    venv = tempfile.mkdtemp(prefix=f"venv-{leg}-", dir=CACHE)
+    try:
+        res.update(leg_steps(leg, args, py, env, venv, logf))
+    finally:
+        if res["ok"]:
+            shutil.rmtree(venv, ignore_errors=True)
+        else:
+            log(f"{leg}: venv kept in {venv}")
+    res["seconds"] = round(time.monotonic() - t0, 1)
+    return res
+
+
+def leg_steps(leg, args, py, env, venv, logf):
+    """The leg's steps in its fresh venv: {"ok", "steps", "pytest", "conformance"}."""
+    logdir = args.logdir
+    res = {"ok": False, "steps": {}}
     steps = res["steps"]
 
     def step(name, cmd, **kw):
@@ -191,7 +207,6 @@ def run_leg(leg, args):
                 ok_conf = False
             ok = ok and ok_conf
     res["ok"] = ok
-    res["seconds"] = round(time.monotonic() - t0, 1)
     return res
 
 
