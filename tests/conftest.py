@@ -94,7 +94,7 @@ def pytest_addoption(parser):
         "--loops", default=",".join(LOOP_NAMES), metavar="NAMES",
         help="run the loop-parametrised tests on these loops only (comma-separated, "
              "default: %(default)s); tests without the parameter always run.  "
-             "tools/sanitize.sh and tools/memcheck.sh check tideloop's C code: "
+             "CI's sanitizer run, which is there for tideloop's C code: "
              "--loops tideloop")
 
 
