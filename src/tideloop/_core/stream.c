@@ -48,6 +48,18 @@ on_eof(TransportObject *self)
     return r == NULL ? -1 : 0;
 }
 
+/* A read that brought no data: n == 0 is the peer's EOF, n < 0 failed
+ * with err (would block: nothing to do). */
+static int
+read_ended(TransportObject *self, ssize_t n, int err)
+{
+    if (n == 0)
+        return on_eof(self);
+    if (err == EAGAIN || err == EWOULDBLOCK)
+        return 0;
+    return tl_tr_fatal_errno(self, err, "Fatal read error on socket transport");
+}
+
 static int
 read_buffered(TransportObject *self)
 {
@@ -83,13 +95,8 @@ read_buffered(TransportObject *self)
     int err = errno;
     PyBuffer_Release(&view);
     Py_DECREF(buf);
-    if (n < 0) {
-        if (err == EAGAIN || err == EWOULDBLOCK)
-            return 0;
-        return tl_tr_fatal_errno(self, err, "Fatal read error on socket transport");
-    }
-    if (n == 0)
-        return on_eof(self);
+    if (n <= 0)
+        return read_ended(self, n, err);
     PyObject *nb = PyLong_FromSsize_t(n);
     if (nb == NULL)
         return -1;
@@ -116,13 +123,8 @@ read_cproto(TransportObject *self)
     do {
         n = recv(self->fd, area, TL_TLS_AREA_SIZE, 0);
     } while (n < 0 && errno == EINTR);
-    if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-            return 0;
-        return tl_tr_fatal_errno(self, errno, "Fatal read error on socket transport");
-    }
-    if (n == 0)
-        return on_eof(self);
+    if (n <= 0)
+        return read_ended(self, n, errno);
     tl_cproto *p = (tl_cproto *)Py_NewRef(self->cproto);
     int rc = p->feed(p, area, n);
     Py_DECREF(p);
@@ -147,13 +149,8 @@ stream_read_ready(PyObject *obj)
     if (tl_recv_spare(&self->loop->recv, self->fd, TL_SPARE_SIZE, 0, &data,
                       &err) < 0)
         return -1;
-    if (data == NULL) {
-        if (err == 0)
-            return on_eof(self);
-        if (err == EAGAIN || err == EWOULDBLOCK)
-            return 0;
-        return tl_tr_fatal_errno(self, err, "Fatal read error on socket transport");
-    }
+    if (data == NULL)
+        return read_ended(self, err == 0 ? 0 : -1, err);
     PyObject *dargs[2] = {self->protocol, data};
     PyObject *r = PyObject_VectorcallMethod(
         self->loop->state->str_data_received, dargs,

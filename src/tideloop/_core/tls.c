@@ -60,6 +60,7 @@ typedef struct {
     PyObject *sslobj;           /* its _sslobj._sslobj: _ssl._SSLSocket */
     PyObject *incoming, *outgoing;      /* _ssl.MemoryBIO */
     PyObject *app_transport;    /* its _SSLProtocolTransport, or NULL */
+    PyObject *adict;            /* and that one's __dict__ */
     void *ssl, *rbio, *wbio;    /* openssl route */
     int busy;                   /* entries (feed, app_write, do_read) running */
     int detach_pending;         /* connection_lost came while busy */
@@ -262,8 +263,8 @@ tls_read(TLSEngineObject *self, char *area, Py_ssize_t len, Py_ssize_t *got,
     return sslobj_read_into(self, area, len, got, again);
 }
 
-/* Plaintext of one write: 0 and *written = all of it, or *fallback = 1
- * when SSLProtocol must take the write (nothing was written). */
+/* Plaintext of one write, all of it; or *fallback = 1 when SSLProtocol
+ * must take the write (nothing was written). */
 static int
 tls_write(TLSEngineObject *self, PyObject *data, int *fallback)
 {
@@ -286,61 +287,50 @@ tls_write(TLSEngineObject *self, PyObject *data, int *fallback)
         *fallback = !ok;
         return 0;
     }
+    /* _ssl's write() writes all or raises (it enables no partial writes). */
     PyObject *r = PyObject_CallMethodOneArg(self->sslobj, self->st->str_write, data);
     if (r == NULL) {
-        if (clear_again_error(self))
-            *fallback = 1;
-        else
+        if (!clear_again_error(self))
             return -1;
+        *fallback = 1;
         return 0;
     }
-    Py_ssize_t count = PyLong_AsSsize_t(r);
     Py_DECREF(r);
-    if (count < 0 && PyErr_Occurred())
-        return -1;
-    Py_ssize_t len = PyObject_Size(data);
-    if (len < 0)
-        return -1;
-    if (count < len) {
-        /* Partial write (not enabled by _ssl): the rest goes to the
-         * backlog, as SSLProtocol._do_write would keep it. */
-        PyObject *rest = PySequence_GetSlice(data, count, len);
-        if (rest == NULL)
-            return -1;
-        PyObject *tuple = PyTuple_Pack(1, rest);
-        Py_DECREF(rest);
-        if (tuple == NULL)
-            return -1;
-        PyObject *rr = PyObject_CallMethodOneArg(self->proto,
-                                                 self->st->str_write_appdata, tuple);
-        Py_DECREF(tuple);
-        Py_XDECREF(rr);
-        return rr == NULL ? -1 : 0;
-    }
     return 0;
 }
 
 /* ---- SSLProtocol's paths, in C ---- */
 
-/* _control_app_writing: the thresholds are checked here, the change made
- * by SSLProtocol. */
+/* SSLProtocol's _control_app_writing / _control_ssl_reading: the
+ * thresholds are checked here, a change is made by SSLProtocol's method.
+ * size: the buffered bytes; extra: an attribute added to them (or NULL). */
+static int
+control_flow(TLSEngineObject *self, Py_ssize_t size, PyObject *extra,
+             PyObject *high_name, PyObject *low_name, PyObject *paused_name,
+             PyObject *method)
+{
+    Py_ssize_t add = 0, high, low;
+    int paused;
+    if (size < 0)
+        return -1;
+    if ((extra != NULL && !psize(self, extra, &add)) || !psize(self, high_name, &high) ||
+        !psize(self, low_name, &low))
+        return pcall0(self, method);
+    if (ptrue(self, paused_name, &paused) < 0)
+        return -1;
+    size += add;
+    if ((size >= high && !paused) || (size <= low && paused))
+        return pcall0(self, method);
+    return 0;
+}
+
 static int
 control_app_writing(TLSEngineObject *self)
 {
-    Py_ssize_t out = bio_pending(self, 1), backlog, high, low;
-    int paused;
-    if (out < 0)
-        return -1;
-    if (!psize(self, self->st->str_write_buffer_size, &backlog) ||
-        !psize(self, self->st->str_outgoing_high_water, &high) ||
-        !psize(self, self->st->str_outgoing_low_water, &low))
-        return pcall0(self, self->st->str_control_app_writing);
-    if (ptrue(self, self->st->str_app_writing_paused, &paused) < 0)
-        return -1;
-    Py_ssize_t size = out + backlog;
-    if ((size >= high && !paused) || (size <= low && paused))
-        return pcall0(self, self->st->str_control_app_writing);
-    return 0;
+    tl_state *st = self->st;
+    return control_flow(self, bio_pending(self, 1), st->str_write_buffer_size,
+                        st->str_outgoing_high_water, st->str_outgoing_low_water,
+                        st->str_app_writing_paused, st->str_control_app_writing);
 }
 
 /* _process_outgoing: what OpenSSL wrote goes to the lower transport. */
@@ -393,22 +383,20 @@ process_outgoing(TLSEngineObject *self)
     return control_app_writing(self);
 }
 
-/* _control_ssl_reading */
 static int
 control_ssl_reading(TLSEngineObject *self)
 {
-    Py_ssize_t size = bio_pending(self, 0), high, low;
-    int paused;
-    if (size < 0)
-        return -1;
-    if (!psize(self, self->st->str_incoming_high_water, &high) ||
-        !psize(self, self->st->str_incoming_low_water, &low))
-        return pcall0(self, self->st->str_control_ssl_reading);
-    if (ptrue(self, self->st->str_ssl_reading_paused, &paused) < 0)
-        return -1;
-    if ((size >= high && !paused) || (size <= low && paused))
-        return pcall0(self, self->st->str_control_ssl_reading);
-    return 0;
+    tl_state *st = self->st;
+    return control_flow(self, bio_pending(self, 0), NULL,
+                        st->str_incoming_high_water, st->str_incoming_low_water,
+                        st->str_ssl_reading_paused, st->str_control_ssl_reading);
+}
+
+/* *out = bool(self._write_backlog) */
+static int
+has_backlog(TLSEngineObject *self, int *out)
+{
+    return ptrue(self, self->st->str_write_backlog, out);
 }
 
 /* Append area[:n] to *chunks as bytes. */
@@ -606,18 +594,9 @@ do_read(TLSEngineObject *self)
             goto except;
         if ((is_buffer ? read_buffered(self) : read_copied(self)) < 0)
             goto except;
-        PyObject *backlog = pget(self, st->str_write_backlog);
-        if (backlog == NULL && PyErr_Occurred())
-            goto except;
-        int has_backlog = 0;
-        if (backlog != NULL) {
-            Py_INCREF(backlog);
-            has_backlog = PyObject_IsTrue(backlog);
-            Py_DECREF(backlog);
-            if (has_backlog < 0)
-                goto except;
-        }
-        if (has_backlog ? pcall0(self, st->str_do_write) < 0 : process_outgoing(self) < 0)
+        int backlog;
+        if (has_backlog(self, &backlog) < 0 ||
+            (backlog ? pcall0(self, st->str_do_write) : process_outgoing(self)) < 0)
             goto except;
     }
     if (control_ssl_reading(self) < 0)
@@ -728,19 +707,12 @@ engine_app_write_impl(TLSEngineObject *self, PyObject *data)
     }
     /* After a second close(), _SSLProtocolTransport.write() fails on its
      * _ssl_protocol = None: the stock method says how. */
-    if (self->app_transport != NULL) {
-        PyObject *adict = PyObject_GenericGetDict(self->app_transport, NULL);
-        if (adict == NULL)
+    if (self->adict != NULL &&
+        PyDict_GetItemWithError(self->adict, st->str_ssl_protocol) != self->proto) {
+        if (PyErr_Occurred())
             return NULL;
-        PyObject *sp = PyDict_GetItemWithError(adict, st->str_ssl_protocol);
-        int same = sp == self->proto;
-        Py_DECREF(adict);
-        if (!same) {
-            if (PyErr_Occurred())
-                return NULL;
-            return PyObject_CallFunctionObjArgs(st->tls_app_write_stock,
-                                                self->app_transport, data, NULL);
-        }
+        return PyObject_CallFunctionObjArgs(st->tls_app_write_stock,
+                                            self->app_transport, data, NULL);
     }
     int nonempty = PyObject_IsTrue(data);
     if (nonempty <= 0)
@@ -748,18 +720,10 @@ engine_app_write_impl(TLSEngineObject *self, PyObject *data)
     PyObject *state = pget(self, st->str_t_state);
     if (state == NULL && PyErr_Occurred())
         return NULL;
-    int has_backlog = 0;
-    PyObject *backlog = pget(self, st->str_write_backlog);
-    if (backlog != NULL) {
-        Py_INCREF(backlog);
-        has_backlog = PyObject_IsTrue(backlog);
-        Py_DECREF(backlog);
-        if (has_backlog < 0)
-            return NULL;
-    }
-    else if (PyErr_Occurred())
+    int backlog;
+    if (has_backlog(self, &backlog) < 0)
         return NULL;
-    if (state != st->tls_wrapped || has_backlog)
+    if (state != st->tls_wrapped || backlog)
         return write_appdata(self, data);
     int fallback;
     if (self->route == TL_TLS_OPENSSL)
@@ -802,12 +766,10 @@ engine_detach_now(TLSEngineObject *self)
         if (m != NULL && PyCFunction_Check(m) && PyCFunction_GET_SELF(m) == (PyObject *)self)
             (void)PyDict_DelItem(self->pdict, self->st->str_do_read);
     }
-    if (self->app_transport != NULL) {
-        PyObject *adict = PyObject_GenericGetDict(self->app_transport, NULL);
-        PyObject *w = adict ? PyDict_GetItemWithError(adict, self->st->str_write) : NULL;
+    if (self->adict != NULL) {
+        PyObject *w = PyDict_GetItemWithError(self->adict, self->st->str_write);
         if (w != NULL && PyCFunction_Check(w) && PyCFunction_GET_SELF(w) == (PyObject *)self)
-            (void)PyDict_DelItem(adict, self->st->str_write);
-        Py_XDECREF(adict);
+            (void)PyDict_DelItem(self->adict, self->st->str_write);
     }
     PyErr_Clear();
     engine_clear_refs(self);
@@ -896,8 +858,11 @@ engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     PyObject *at = PyDict_GetItemWithError(self->pdict, st->str_app_transport);
     if (at == NULL && PyErr_Occurred())
         goto error;
-    if (at != NULL && at != Py_None)
+    if (at != NULL && at != Py_None) {
         self->app_transport = Py_NewRef(at);
+        if ((self->adict = PyObject_GenericGetDict(at, NULL)) == NULL)
+            goto error;
+    }
     if (!Py_IS_TYPE(self->sslobj, (PyTypeObject *)st->tls_sslsocket_type) ||
         !Py_IS_TYPE(self->incoming, (PyTypeObject *)st->tls_memorybio_type) ||
         !Py_IS_TYPE(self->outgoing, (PyTypeObject *)st->tls_memorybio_type)) {
@@ -944,6 +909,7 @@ engine_traverse(TLSEngineObject *self, visitproc visit, void *arg)
     Py_VISIT(self->incoming);
     Py_VISIT(self->outgoing);
     Py_VISIT(self->app_transport);
+    Py_VISIT(self->adict);
     return 0;
 }
 
@@ -961,6 +927,7 @@ engine_clear_refs(TLSEngineObject *self)
     Py_CLEAR(self->incoming);
     Py_CLEAR(self->outgoing);
     Py_CLEAR(self->app_transport);
+    Py_CLEAR(self->adict);
 }
 
 static int
