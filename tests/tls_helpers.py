@@ -7,6 +7,7 @@ a plain socket (so the peer's bytes do not depend on the loop under test and
 can be sent in any split), and small recording protocols.
 """
 import asyncio
+import re
 import socket
 import ssl
 import time
@@ -77,15 +78,32 @@ def _pump(a_out, b_in, b_out, a_in):
     a_in.write(b_out.read())
 
 
-def openssl_reason(data, *, after_handshake=False):
-    """The reason this ssl module's OpenSSL gives a server that receives
+def openssl_error(data, *, after_handshake=False):
+    """The SSLError this ssl module raises for a server that receives
     ``data`` instead of a ClientHello (or, ``after_handshake``, as the next
-    record after a completed handshake): the reasons differ between OpenSSL
-    releases (3.0 says DATA_LENGTH_TOO_LONG for an oversized record, 3.6
-    RECORD_LAYER_FAILURE), the loops must agree with the library."""
+    record after a completed handshake, from ``read()``), or None.  The
+    loops must raise exactly this one: the same type, args (with its
+    ``_ssl.c`` line), library and reason."""
+    server, s_in = _server_object(after_handshake)
+    s_in.write(data)
+    try:
+        if after_handshake:
+            server.read(1024)
+        else:
+            server.do_handshake()
+    except ssl.SSLError as e:
+        if isinstance(e, ssl.SSLWantReadError):
+            return None
+        return e
+    return None
+
+
+def _server_object(handshaken):
+    """A server SSLObject and its incoming MemoryBIO; ``handshaken``: after
+    a completed handshake with a client SSLObject."""
     s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO()
     server = server_context().wrap_bio(s_in, s_out, server_side=True)
-    if after_handshake:
+    if handshaken:
         c_in, c_out = ssl.MemoryBIO(), ssl.MemoryBIO()
         client = client_context().wrap_bio(c_in, c_out, server_hostname="localhost")
         done = set()
@@ -100,17 +118,52 @@ def openssl_reason(data, *, after_handshake=False):
                     pass
             _pump(c_out, s_in, s_out, c_in)
         assert done == {"client", "server"}
-    s_in.write(data)
+    return server, s_in
+
+
+def write_error_after(record):
+    """What this ssl module's write() raises on a server whose read() met
+    ``record`` after the handshake and failed (None if it writes)."""
+    server, s_in = _server_object(True)
+    s_in.write(record)
     try:
-        if after_handshake:
-            server.read(1024)
-        else:
-            server.do_handshake()
+        server.read(1024)
+    except ssl.SSLError:
+        pass
+    else:
+        raise AssertionError("the record did not fail the read")
+    try:
+        server.write(b"late")
     except ssl.SSLError as e:
-        if isinstance(e, ssl.SSLWantReadError):
-            return None
-        return e.reason
+        return e
     return None
+
+
+def openssl_reason(data, *, after_handshake=False):
+    """openssl_error()'s reason: the reasons differ between OpenSSL releases
+    (3.0 says DATA_LENGTH_TOO_LONG for an oversized record, 3.6
+    RECORD_LAYER_FAILURE), the loops must agree with the library."""
+    e = openssl_error(data, after_handshake=after_handshake)
+    return None if e is None else e.reason
+
+
+def ssl_error_fields(exc):
+    """What must match between two raises of one SSL error."""
+    return (type(exc), exc.args, str(exc), getattr(exc, "library", None),
+            getattr(exc, "reason", None))
+
+
+def ssl_read_line():
+    """The _ssl.c line that this interpreter's SSLObject.read() reports
+    its errors at (part of every such error's message)."""
+    s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    server = server_context().wrap_bio(s_in, s_out, server_side=True)
+    s_in.write(b"GET / HTTP/1.0\r\n\r\n")
+    try:
+        server.read(16)
+    except ssl.SSLError as e:
+        return int(re.search(r"\(_ssl\.c:(\d+)\)$", str(e)).group(1))
+    raise AssertionError("read() of garbage raised nothing")
 
 
 def record_length(head):

@@ -21,19 +21,27 @@ environment variable ``TIDELOOP_TLS_ROUTE`` picks the first one):
     No engine: asyncio's SSLProtocol alone, as on the stock loop.
 
 The proof (run at import): the OpenSSL functions resolve through ``_ssl``'s
-shared object and report the same ``OPENSSL_VERSION``; for a client and a
-server ``SSLObject``, the pointers read at the known offsets link up as
-``_ssl`` links them (``SSL_get_rbio``/``wbio`` = the MemoryBIOs,
+shared object and report the same ``OPENSSL_VERSION`` (3.0 or newer); for a
+client and a server ``SSLObject``, the pointers read at the known offsets
+link up as ``_ssl`` links them (``SSL_get_rbio``/``wbio`` = the MemoryBIOs,
 ``SSL_get_SSL_CTX`` = the context, the app data = the ``_SSLSocket``,
 ``SSL_is_server``); a ClientHello made by a C ``SSL_do_handshake`` is the
-one Python sees in the outgoing MemoryBIO; and after a fatal error found
-in C, the same call through ``_ssl`` raises what a Python-only run raises
-(the engine relies on that to report errors as the stock loop does).
-``TLS_ROUTE_PROOF`` holds the reason when it failed.
+one Python sees in the outgoing MemoryBIO.  Errors: the engine raises
+``_ssl``'s exceptions itself, as ``_ssl`` makes them (it cannot make the
+failed call again through ``_ssl``: OpenSSL 3.6 reports an error once).
+For that the proof finds ``_ssl``'s error-name dicts in its module state
+(behind its twelve known types and exceptions), learns the ``_ssl.c``
+lines of ``read()`` and ``write()`` (and of 3.14's repeated SSLEOFError,
+with the flag it keeps in the ``_SSLSocket``), and checks that errors met
+in C -- a bad ClientHello on read and on write, an alert, EOF read twice
+then a write -- come out exactly as ``_ssl`` raises them (type, args,
+message, library, reason).  ``TLS_ROUTE_PROOF`` holds the reason when it
+failed.
 """
 from __future__ import annotations
 
 import os
+import re
 
 from . import _core
 
@@ -127,29 +135,96 @@ def _prove():
     hello = c_out.read()
     if hello[:1] != b"\x16" or len(hello) < 50:
         return "no ClientHello in the outgoing MemoryBIO"
-    # Errors: a fatal error met in C, raised again through _ssl, must be
-    # the one a Python-only run raises.
+    # Errors: the engine raises _ssl's exceptions itself (OpenSSL 3.6 does
+    # not report an error twice, so the failed call cannot be made again
+    # through _ssl).  It needs _ssl's error-name dicts and the _ssl.c lines
+    # of read() and write(), learnt here from errors _ssl raises; then each
+    # error met in C must come out as _ssl raises it.
     garbage = b"GET / HTTP/1.0\r\n\r\n"
-    control, k_in, _ = wrap(server_ctx, True)
-    k_in.write(garbage)
-    seen = []
-    try:
-        control.do_handshake()
-    except _ssl_mod.SSLError as exc:
-        seen.append((type(exc), exc.args, exc.library, exc.reason))
-    # (Nothing may call _ssl between the C step and the replay: some of its
-    # calls clear OpenSSL's error queue, as the engine's replay never does.)
-    if _core._tls_handshake_step(server._sslobj, garbage) != 1:  # SSL_ERROR_SSL
-        return "garbage did not fail the handshake in C"
-    try:
-        server.do_handshake()
-    except _ssl_mod.SSLError as exc:
-        seen.append((type(exc), exc.args, exc.library, exc.reason))
-    if len(seen) != 2 or seen[0] != seen[1]:
-        return "an error met in C is raised differently through _ssl: %r" % (seen,)
-    if not 0 <= s_in.pending < len(garbage):
-        return "the bytes C wrote were not read from Python's MemoryBIO"
+
+    def stock(data, op, eof=False):
+        obj, incoming, _ = wrap(server_ctx, True)
+        incoming.write(data)
+        if eof:
+            incoming.write_eof()
+        try:
+            obj.write(b"x") if op == "write" else obj.read(64)
+        except _ssl_mod.SSLError as exc:
+            return exc
+        return None
+
+    def seen(exc):
+        return (type(exc), exc.args, exc.library, exc.reason, str(exc))
+
+    lines = []
+    for op in ("read", "write"):
+        exc = stock(garbage, op)
+        found = re.search(r"\(_ssl\.c:(\d+)\)$", str(exc)) if exc is not None else None
+        if found is None:
+            return "_ssl's %s() of garbage raised %r" % (op, exc)
+        lines.append(int(found.group(1)))
+    expected = (_ssl._SSLContext, _ssl._SSLSocket, _ssl.MemoryBIO, _ssl.SSLSession,
+                _ssl.Certificate, _ssl.SSLError, _ssl.SSLCertVerificationError,
+                _ssl.SSLZeroReturnError, _ssl.SSLWantReadError, _ssl.SSLWantWriteError,
+                _ssl.SSLSyscallError, _ssl.SSLEOFError)
+    names = None
+    if hasattr(_ssl, "lib_codes_to_names"):    # 3.11 still exposes them
+        names = (_ssl.err_codes_to_names, _ssl.lib_codes_to_names)
+    # 3.14: after an SSLEOFError, read() and write() raise it again from a
+    # flag in the _SSLSocket, at another line; elsewhere they call OpenSSL.
+    obj, incoming, _ = wrap(server_ctx, True)
+    before = _core._tls_eof_flag(obj._sslobj)
+    incoming.write_eof()
+    errors = []
+    for op in ("read", "read", "write"):
+        try:
+            obj.write(b"x") if op == "write" else obj.read(64)
+        except _ssl_mod.SSLEOFError as exc:
+            errors.append(exc)
+    if len(errors) != 3:
+        return "read() at EOF did not raise SSLEOFError three times"
+    after = _core._tls_eof_flag(obj._sslobj)
+    again = [re.search(r"\(_ssl\.c:(\d+)\)$", str(e)) for e in errors[1:]]
+    again = {int(m.group(1)) if m else None for m in again}
+    line_eof = 0
+    if len(again) == 1 and None not in again and not again & set(lines):
+        if (before, after) != (0, 1):
+            return "SSLEOFError raised again, but not from the known flag"
+        line_eof = again.pop()
+    elif again != {lines[0], lines[1]}:
+        return "SSLEOFError raised again in an unknown way: %r" % (errors,)
+    why = _core._tls_errors(_ssl, expected, *lines, names, line_eof)
+    if why is not None:
+        return why
+    alert = b"\x15\x03\x03\x00\x02\x02\x28"
+    cases = [(garbage, ["read"], False), (garbage, ["write"], False),
+             (alert, ["read"], False), (b"", ["read", "read", "write"], True)]
+    for data, ops, eof in cases:
+        want, got = [], []
+        for calls, out in ((stock_calls, want), (c_calls, got)):
+            obj, incoming, _ = wrap(server_ctx, True)
+            incoming.write(data)
+            if eof:
+                incoming.write_eof()
+            # (Nothing may call _ssl between the BIO writes and the C call.)
+            for op in ops:
+                try:
+                    calls(obj, op)
+                    out.append(None)
+                except _ssl_mod.SSLError as exc:
+                    out.append(seen(exc))
+        if want != got or None in want:
+            return "errors met in C (%s, %r) differ from _ssl's: %r, %r" % (
+                ops, data, want, got)
     return None
+
+
+def stock_calls(obj, op):
+    obj.write(b"x") if op == "write" else obj.read(64)
+
+
+def c_calls(obj, op):
+    _core._tls_fail_step(obj._sslobj, op == "write")
 
 
 def _setup():

@@ -21,7 +21,8 @@ from net_helpers import (
     EchoProtocol, Recorder, arun, close_server, rst_close, wait, wait_until,
 )
 from tls_helpers import (
-    CA, SyncTLSPeer, client_context, client_hello, handler_calls, openssl_reason,
+    CA, SyncTLSPeer, client_context, client_hello, handler_calls, openssl_error, openssl_reason,
+    ssl_error_fields, ssl_read_line, write_error_after,
     record_length, server_context,
 )
 
@@ -316,38 +317,87 @@ def test_server_sends_one_byte_at_a_time(loop):
 
 # ------------------------------------------------ after the handshake
 
+def echo_then_send(addr, record, go=None):
+    """Blocking client: a handshake and one echoed record, then (once `go`
+    is set, if given) `record` raw; returns what it reads until the end."""
+    sock = socket.create_connection(addr, timeout=5)
+    peer = SyncTLSPeer(sock, client_context())
+    try:
+        peer.handshake()
+        peer.send(b"fine")
+        assert peer.recv_exactly(4) == b"fine"
+        assert go is None or go.wait(5)
+        sock.sendall(record)
+        return peer.recv_until_close()
+    finally:
+        sock.close()
+
+
 def test_garbage_after_handshake(loop):
-    """A record that does not decrypt: connection_lost() gets the SSLError;
-    no exception-handler call (an SSLError is an OSError)."""
+    """A record that does not decrypt: connection_lost() gets the SSLError
+    that _ssl's read() raises for it (type, args with the _ssl.c line,
+    library, reason: the openssl route makes it in C); no exception-handler
+    call (an SSLError is an OSError)."""
     bad_record = b"\x17\x03\x03\x00\x20" + b"\x5a" * 32
-    reason = openssl_reason(bad_record, after_handshake=True)
+    expected = openssl_error(bad_record, after_handshake=True)
     # OpenSSL 3.0's reason; 3.6 says RECORD_LAYER_FAILURE
-    assert reason in ("DECRYPTION_FAILED_OR_BAD_RECORD_MAC", "RECORD_LAYER_FAILURE")
+    assert expected.reason in ("DECRYPTION_FAILED_OR_BAD_RECORD_MAC", "RECORD_LAYER_FAILURE")
 
     async def main():
         calls = handler_calls(loop)
         accepted = []
         srv, addr = await tls_server(loop, accepted)
 
-        def client():
-            sock = socket.create_connection(addr, timeout=5)
-            peer = SyncTLSPeer(sock, client_context())
-            try:
-                peer.handshake()
-                peer.send(b"fine")
-                assert peer.recv_exactly(4) == b"fine"
-                sock.sendall(bad_record)
-                return peer.recv_until_close()
-            finally:
-                sock.close()
-
-        data, end = await wait(loop.run_in_executor(None, client))
+        data, end = await wait(loop.run_in_executor(None, echo_then_send, addr, bad_record))
         await wait_until(lambda: accepted)
         exc = await wait(accepted[0].lost)
-        assert isinstance(exc, ssl.SSLError)
-        assert exc.reason == reason
+        assert ssl_error_fields(exc) == ssl_error_fields(expected)
         assert accepted[0].events == ["made", "data", "lost"]
         assert calls == []
+        await close_server(srv)
+
+    arun(loop, main())
+
+
+def test_write_while_failing(loop):
+    """The app writes while a failed read is being reported (from inside
+    SSLProtocol._fatal_error, before connection_lost): the write meets the
+    TLS object in its error state.  As on the stock loop, the data waits in
+    SSLProtocol's write backlog and the error of _ssl's write() in that state
+    (here computed from a Python-only run: type, args with the _ssl.c line,
+    library, reason) goes to _fatal_error too -- on the openssl route, the
+    engine makes that error in C."""
+    bad_record = b"\x17\x03\x03\x00\x20" + b"\x5a" * 32
+    expected_read = openssl_error(bad_record, after_handshake=True)
+    expected_write = write_error_after(bad_record)
+    assert isinstance(expected_write, ssl.SSLEOFError)
+
+    async def main():
+        accepted = []
+        srv, addr = await tls_server(loop, accepted)
+        errors, backlog = [], []
+        patched = threading.Event()
+
+        fut = loop.run_in_executor(None, echo_then_send, addr, bad_record, patched)
+        await wait_until(lambda: accepted and accepted[0].data == b"fine")
+        app_transport = accepted[0].transport
+        proto = app_transport._ssl_protocol
+        stock_fatal = proto._fatal_error
+
+        def fatal_error(exc, message="Fatal error on transport"):
+            errors.append(exc)
+            if len(errors) == 1:
+                app_transport.write(b"late")
+                backlog.append((list(proto._write_backlog), proto._write_buffer_size))
+            return stock_fatal(exc, message)
+
+        proto._fatal_error = fatal_error
+        patched.set()
+        await wait(fut)
+        await wait(accepted[0].lost)
+        assert [ssl_error_fields(e) for e in errors] == [
+            ssl_error_fields(expected_read), ssl_error_fields(expected_write)]
+        assert backlog == [([b"late"], 4)]
         await close_server(srv)
 
     arun(loop, main())
@@ -435,8 +485,12 @@ def test_client_renegotiation(loop, allowed):
             assert p.data == b"hello\nworld\n"
             assert p.events == ["made", "data", "data", "eof", "lost"]
         else:
-            assert isinstance(exc, ssl.SSLError)
-            assert exc.reason == "SSLV3_ALERT_HANDSHAKE_FAILURE"
+            # the alert arrives in the data phase: raised as _ssl's read() does
+            assert type(exc) is ssl.SSLError
+            assert exc.reason == "SSLV3_ALERT_HANDSHAKE_FAILURE" and exc.library == "SSL"
+            assert exc.args[0] == 1 and str(exc) == exc.args[1]
+            assert exc.args[1].startswith("[SSL: SSLV3_ALERT_HANDSHAKE_FAILURE] ")
+            assert exc.args[1].endswith("(_ssl.c:%d)" % ssl_read_line())
             assert p.events == ["made", "data", "lost"]
         assert calls == []
         await close_server(srv)

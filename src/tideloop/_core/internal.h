@@ -53,7 +53,12 @@ typedef struct {
     int (*BIO_read)(void *bio, void *data, int len);
     size_t (*BIO_ctrl_pending)(void *bio);
     void (*ERR_clear_error)(void);
+    unsigned long (*ERR_peek_last_error)(void);
+    const char *(*ERR_reason_error_string)(unsigned long e);
+    long (*SSL_get_verify_result)(const void *ssl);
+    const char *(*X509_verify_cert_error_string)(long n);
     const char *(*OpenSSL_version)(int t);
+    unsigned long (*OpenSSL_version_num)(void);
 } tl_ossl;
 
 enum { TL_TLS_ASYNCIO = 0, TL_TLS_SSLOBJECT = 1, TL_TLS_OPENSSL = 2 };
@@ -144,6 +149,9 @@ enum {
     X(app_reading_paused, "_app_reading_paused")                           \
     X(app_protocol_is_buffer, "_app_protocol_is_buffer")                   \
     X(app_protocol, "_app_protocol") X(write_backlog, "_write_backlog")    \
+    X(append, "append") X(server_hostname, "server_hostname")              \
+    X(library, "library") X(reason, "reason")                              \
+    X(verify_code, "verify_code") X(verify_message, "verify_message")      \
     X(app_protocol_get_buffer, "_app_protocol_get_buffer")                 \
     X(app_protocol_buffer_updated, "_app_protocol_buffer_updated")         \
     X(call_soon, "call_soon")                                              \
@@ -182,7 +190,9 @@ enum {
     X(tls_app_write_stock)  /* _SSLProtocolTransport.write */              \
     X(tls_again_errors)     /* sslproto.SSLAgainErrors */                  \
     X(tls_do_handshake) X(tls_wrapped) X(tls_flushing) X(tls_shutdown)     \
-    X(tls_sslsocket_type) X(tls_memorybio_type)  /* _ssl's own types */
+    X(tls_sslsocket_type) X(tls_memorybio_type)  /* _ssl's own types */ \
+    X(tls_errtab)      /* _ssl's exception types and code-to-name dicts,  \
+                          from its module state (_tls_errors; tls.c) */
 
 typedef struct {
 #define TL_DECLARE_TYPE(f) PyTypeObject *f;
@@ -231,6 +241,10 @@ typedef struct {
     int ossl_loaded;             /* the table is complete */
     int ossl_proven;             /* _tls_prove() passed on this interpreter */
     int tls_route;
+    /* The _ssl.c lines its read() and write() report errors at (learnt
+     * at import: the openssl route raises _ssl's exceptions itself), and
+     * where 3.14's raise an SSLEOFError again (0: not this interpreter). */
+    int ssl_line_read, ssl_line_write, ssl_line_eof;
 } tl_state;
 
 

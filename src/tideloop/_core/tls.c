@@ -7,9 +7,9 @@
  * only -- bytes arriving from the socket (buffer_updated + _do_read) and
  * the app's transport.write() -- and hands anything else (another state,
  * a paused reader, a BufferedProtocol app, a write backlog, an error) to
- * SSLProtocol's own method for it.  Errors are raised by _ssl itself: when
- * OpenSSL reports a fatal error the SSL object stays in its error state and
- * the same call made through _ssl raises the exception the stock loop sees.
+ * SSLProtocol's own method for it.  Errors are _ssl's: the sslobject route
+ * calls _ssl, and the openssl route raises what _ssl's read()/write() would
+ * raise for the same failed call (raise_ssl_error, proven at import).
  *
  * Two routes drive the TLS object of a connection:
  *   openssl   - SSL_read_ex/SSL_write_ex/BIO_* on the SSL* and BIO*s inside
@@ -23,12 +23,24 @@
 #include "transport.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <limits.h>
 #include <string.h>
 
-/* OpenSSL's constants (stable since 1.1.1). */
+/* OpenSSL's constants (stable since 3.0; the route needs 3.0+). */
+#define TL_SSL_ERROR_SSL 1
 #define TL_SSL_ERROR_WANT_READ 2
+#define TL_SSL_ERROR_WANT_WRITE 3
+#define TL_SSL_ERROR_WANT_X509_LOOKUP 4
+#define TL_SSL_ERROR_SYSCALL 5
 #define TL_SSL_ERROR_ZERO_RETURN 6
+#define TL_SSL_ERROR_WANT_CONNECT 7
+#define TL_ERR_LIB_SYS 2
+#define TL_ERR_LIB_SSL 20
+#define TL_SSL_R_CERTIFICATE_VERIFY_FAILED 134
+#define TL_SSL_R_UNEXPECTED_EOF_WHILE_READING 294
+#define TL_X509_V_ERR_HOSTNAME_MISMATCH 62
+#define TL_X509_V_ERR_IP_ADDRESS_MISMATCH 64
 #define TL_SSL_RECEIVED_SHUTDOWN 2
 #define TL_SSL_CTRL_CLEAR_MODE 78
 #define TL_SSL_MODE_RELEASE_BUFFERS 0x10L
@@ -41,6 +53,10 @@
 #define TL_MEMBIO_BIO_OFFSET (sizeof(PyObject))
 #define TL_MEMBIO_EOF_OFFSET (sizeof(PyObject) + sizeof(void *))
 #define TL_SSLCTX_CTX_OFFSET (sizeof(PyObject))
+/* 3.14's PySSLSocket adds an int after `exc`: set once an SSLEOFError was
+ * raised, after which read() and write() raise it again without calling
+ * OpenSSL.  Used only where the proof saw it behave so (ssl_line_eof). */
+#define TL_SSLSOCKET_EOF_OFFSET (sizeof(PyObject) + 8 * sizeof(void *))
 
 static inline void *
 field_ptr(PyObject *obj, size_t offset)
@@ -197,6 +213,225 @@ clear_again_error(TLSEngineObject *self)
     return 1;
 }
 
+/* ---- _ssl's exceptions, raised from C (the openssl route) ----
+ *
+ * After a failed call _ssl's PySSL_SetError picks the exception from
+ * SSL_get_error(), errno and the last queued OpenSSL error, and names the
+ * library and reason from the dicts in its module state.  raise_ssl_error
+ * does the same from the same inputs, with those dicts (_tls_errors finds
+ * them).  Making the call again through _ssl is no way to get them:
+ * OpenSSL 3.6 drops the error of an SSL object in its error state on the
+ * next call, which then reports "want read". */
+
+/* st->tls_errtab: _ssl's exceptions and dicts, in this order. */
+enum {
+    ERRTAB_SSL, ERRTAB_CERT_VERIFY, ERRTAB_ZERO_RETURN, ERRTAB_WANT_READ,
+    ERRTAB_WANT_WRITE, ERRTAB_SYSCALL, ERRTAB_EOF, ERRTAB_CODE_NAMES,
+    ERRTAB_LIB_NAMES, ERRTAB_SIZE
+};
+/* _ssl.c's py_ssl_error beyond OpenSSL's SSL_ERROR_* codes. */
+#define TL_PY_SSL_ERROR_EOF 8
+#define TL_PY_SSL_ERROR_INVALID_ERROR_CODE 10
+
+/* OpenSSL 3's ERR_GET_LIB/ERR_GET_REASON (inline functions, so not
+ * found by dlsym): bit 31 marks a system error whose reason is errno. */
+static int
+err_lib(unsigned long e)
+{
+    return (e & 0x80000000UL) ? TL_ERR_LIB_SYS : (int)((e >> 23) & 0xFF);
+}
+
+static int
+err_reason(unsigned long e)
+{
+    return (int)((e & 0x80000000UL) ? (e & 0x7FFFFFFFUL) : (e & 0x7FFFFFUL));
+}
+
+/* _ssl's fill_and_set_sslerror(): the exception of type `type` with
+ * (p, "[LIB: REASON] text (_ssl.c:line)") and its attributes. */
+static void
+set_ssl_error(tl_state *st, PyObject *sslsock, void *ssl, PyObject *type, int p,
+              const char *errstr, int line, unsigned long e)
+{
+    const tl_ossl *o = &st->ossl;
+    PyObject *tab = st->tls_errtab;
+    PyObject *reason = NULL, *lib = NULL;       /* borrowed from the dicts */
+    if (p == TL_PY_SSL_ERROR_EOF && st->ssl_line_eof > 0) {
+        int one = 1;
+        memcpy((char *)sslsock + TL_SSLSOCKET_EOF_OFFSET, &one, sizeof(one));
+    }
+    PyObject *verify = NULL, *verify_code = NULL, *msg = NULL, *value = NULL;
+    if (e != 0) {
+        PyObject *key = Py_BuildValue("ii", err_lib(e), err_reason(e));
+        if (key == NULL)
+            return;
+        reason = PyDict_GetItemWithError(PyTuple_GET_ITEM(tab, ERRTAB_CODE_NAMES), key);
+        Py_DECREF(key);
+        if (reason == NULL && PyErr_Occurred())
+            return;
+        if ((key = PyLong_FromLong(err_lib(e))) == NULL)
+            return;
+        lib = PyDict_GetItemWithError(PyTuple_GET_ITEM(tab, ERRTAB_LIB_NAMES), key);
+        Py_DECREF(key);
+        if (lib == NULL && PyErr_Occurred())
+            return;
+        if (errstr == NULL)
+            errstr = o->ERR_reason_error_string(e);
+    }
+    if (errstr == NULL)
+        errstr = "unknown error";
+    int cert = type == PyTuple_GET_ITEM(tab, ERRTAB_CERT_VERIFY);
+    if (cert) {
+        long code = o->SSL_get_verify_result(ssl);
+        if ((verify_code = PyLong_FromLong(code)) == NULL)
+            goto done;
+        if (code == TL_X509_V_ERR_HOSTNAME_MISMATCH || code == TL_X509_V_ERR_IP_ADDRESS_MISMATCH) {
+            PyObject *host = PyObject_GetAttr(sslsock, st->str_server_hostname);
+            if (host == NULL)
+                goto done;
+            verify = PyUnicode_FromFormat(
+                code == TL_X509_V_ERR_HOSTNAME_MISMATCH
+                    ? "Hostname mismatch, certificate is not valid for '%S'."
+                    : "IP address mismatch, certificate is not valid for '%S'.",
+                host);
+            Py_DECREF(host);
+        }
+        else {
+            const char *text = o->X509_verify_cert_error_string(code);
+            verify = text != NULL ? PyUnicode_FromString(text) : Py_NewRef(Py_None);
+        }
+        if (verify == NULL)
+            goto done;
+    }
+    if (verify != NULL && reason != NULL && lib != NULL)
+        msg = PyUnicode_FromFormat("[%S: %S] %s: %S (_ssl.c:%d)", lib, reason, errstr,
+                                   verify, line);
+    else if (reason != NULL && lib != NULL)
+        msg = PyUnicode_FromFormat("[%S: %S] %s (_ssl.c:%d)", lib, reason, errstr, line);
+    else if (lib != NULL)
+        msg = PyUnicode_FromFormat("[%S] %s (_ssl.c:%d)", lib, errstr, line);
+    else
+        msg = PyUnicode_FromFormat("%s (_ssl.c:%d)", errstr, line);
+    if (msg == NULL)
+        goto done;
+    value = PyObject_CallFunction(type, "iO", p, msg);
+    if (value == NULL ||
+        PyObject_SetAttr(value, st->str_reason, reason ? reason : Py_None) < 0 ||
+        PyObject_SetAttr(value, st->str_library, lib ? lib : Py_None) < 0)
+        goto done;
+    if (cert && (PyObject_SetAttr(value, st->str_verify_code, verify_code) < 0 ||
+                 PyObject_SetAttr(value, st->str_verify_message, verify) < 0))
+        goto done;
+    PyErr_SetObject(type, value);
+done:
+    Py_XDECREF(value);
+    Py_XDECREF(msg);
+    Py_XDECREF(verify);
+    Py_XDECREF(verify_code);
+}
+
+/* _ssl's PySSL_SetError() for a call on ssl that failed with
+ * SSL_get_error() = ssl_err and errno = c_errno right after it; `line` is
+ * the _ssl.c line of that call's method.  Always raises. */
+static void
+raise_ssl_error(tl_state *st, PyObject *sslsock, void *ssl, int ssl_err, int c_errno,
+                int line)
+{
+    const tl_ossl *o = &st->ossl;
+    PyObject *tab = st->tls_errtab;
+    PyObject *type = PyTuple_GET_ITEM(tab, ERRTAB_SSL);
+    const char *errstr = NULL;
+    int p = ssl_err;
+    unsigned long e = o->ERR_peek_last_error();
+    int cert_failed = e != 0 && err_lib(e) == TL_ERR_LIB_SSL &&
+                      err_reason(e) == TL_SSL_R_CERTIFICATE_VERIFY_FAILED;
+    switch (ssl_err) {
+    case TL_SSL_ERROR_ZERO_RETURN:
+        errstr = "TLS/SSL connection has been closed (EOF)";
+        type = PyTuple_GET_ITEM(tab, ERRTAB_ZERO_RETURN);
+        break;
+    case TL_SSL_ERROR_WANT_READ:
+        errstr = "The operation did not complete (read)";
+        type = PyTuple_GET_ITEM(tab, ERRTAB_WANT_READ);
+        break;
+    case TL_SSL_ERROR_WANT_WRITE:
+        errstr = "The operation did not complete (write)";
+        type = PyTuple_GET_ITEM(tab, ERRTAB_WANT_WRITE);
+        break;
+    case TL_SSL_ERROR_WANT_X509_LOOKUP:
+        errstr = "The operation did not complete (X509 lookup)";
+        break;
+    case TL_SSL_ERROR_WANT_CONNECT:
+        errstr = "The operation did not complete (connect)";
+        break;
+    case TL_SSL_ERROR_SYSCALL:
+        if (e == 0) {       /* the BIO reported an I/O error */
+            o->ERR_clear_error();
+            if (c_errno != 0) {
+                errno = c_errno;
+                PyErr_SetFromErrno(PyExc_OSError);
+                return;
+            }
+            p = TL_PY_SSL_ERROR_EOF;
+            type = PyTuple_GET_ITEM(tab, ERRTAB_EOF);
+            errstr = "EOF occurred in violation of protocol";
+            break;
+        }
+        if (cert_failed)
+            type = PyTuple_GET_ITEM(tab, ERRTAB_CERT_VERIFY);
+        if (err_lib(e) == TL_ERR_LIB_SYS) {
+            errno = err_reason(e);
+            PyErr_SetFromErrno(PyExc_OSError);
+            return;
+        }
+        break;
+    case TL_SSL_ERROR_SSL:
+        if (e == 0)
+            errstr = "A failure in the SSL library occurred";
+        if (cert_failed)
+            type = PyTuple_GET_ITEM(tab, ERRTAB_CERT_VERIFY);
+        if (e != 0 && err_lib(e) == TL_ERR_LIB_SSL &&
+            err_reason(e) == TL_SSL_R_UNEXPECTED_EOF_WHILE_READING) {
+            p = TL_PY_SSL_ERROR_EOF;
+            type = PyTuple_GET_ITEM(tab, ERRTAB_EOF);
+            errstr = "EOF occurred in violation of protocol";
+        }
+        if (err_lib(e) == TL_ERR_LIB_SYS) {
+            errno = err_reason(e);
+            PyErr_SetFromErrno(PyExc_OSError);
+            return;
+        }
+        break;
+    default:
+        p = TL_PY_SSL_ERROR_INVALID_ERROR_CODE;
+        errstr = "Invalid error code";
+    }
+    set_ssl_error(st, sslsock, ssl, type, p, errstr, line, e);
+    o->ERR_clear_error();
+}
+
+/* 3.14's read() and write() after an SSLEOFError: 1 and that error raised
+ * again (as _ssl raises it, OpenSSL not called), else 0. */
+static int
+eof_flag(tl_state *st, PyObject *sslsock)
+{
+    int flag = 0;
+    if (st->ssl_line_eof > 0)
+        memcpy(&flag, (char *)sslsock + TL_SSLSOCKET_EOF_OFFSET, sizeof(flag));
+    return flag != 0;
+}
+
+static int
+eof_already_raised(tl_state *st, PyObject *sslsock)
+{
+    if (!eof_flag(st, sslsock))
+        return 0;
+    set_ssl_error(st, sslsock, NULL, PyTuple_GET_ITEM(st->tls_errtab, ERRTAB_EOF),
+                  TL_PY_SSL_ERROR_EOF, "EOF occurred in violation of protocol",
+                  st->ssl_line_eof, 0);
+    return 1;
+}
+
 /* One self._sslobj.read(len, buffer) into area[:len], through _ssl:
  * *got = bytes read (0: close_notify), or *again = 1. */
 static int
@@ -240,6 +475,8 @@ tls_read(TLSEngineObject *self, char *area, Py_ssize_t len, Py_ssize_t *got,
     size_t n = 0;
     *got = 0;
     *again = 0;
+    if (eof_already_raised(self->st, self->sslobj))
+        return -1;
     /* Nothing buffered in OpenSSL and no ciphertext left: the read would
      * only say "want read" (a record needs bytes; _ssl sets no read-ahead). */
     if (!o->SSL_has_pending(self->ssl) && o->BIO_ctrl_pending(self->rbio) == 0) {
@@ -250,21 +487,52 @@ tls_read(TLSEngineObject *self, char *area, Py_ssize_t len, Py_ssize_t *got,
         *got = (Py_ssize_t)n;
         return 0;
     }
+    int c_errno = errno;
     int e = o->SSL_get_error(self->ssl, 0);
-    if (e == TL_SSL_ERROR_WANT_READ) {
+    if (e == TL_SSL_ERROR_WANT_READ) {      /* SSLWantReadError: "again" */
         *again = 1;
         return 0;
     }
     if (e == TL_SSL_ERROR_ZERO_RETURN &&
         o->SSL_get_shutdown(self->ssl) == TL_SSL_RECEIVED_SHUTDOWN)
         return 0;
-    /* Anything else: the same read through _ssl, which finds the error
-     * state (and OpenSSL's error queue, left as it was) and raises. */
-    return sslobj_read_into(self, area, len, got, again);
+    /* What _ssl's read() raises; SSLProtocol's SSLAgainErrors mean "again". */
+    raise_ssl_error(self->st, self->sslobj, self->ssl, e, c_errno, self->st->ssl_line_read);
+    *again = clear_again_error(self);
+    return *again ? 0 : -1;
+}
+
+/* SSLProtocol._write_appdata's `self._write_backlog.append(data);
+ * self._write_buffer_size += len(data)`. */
+static int
+backlog_append(TLSEngineObject *self, PyObject *data)
+{
+    tl_state *st = self->st;
+    PyObject *backlog = pget(self, st->str_write_backlog);
+    PyObject *size = pget(self, st->str_write_buffer_size);
+    if (backlog == NULL || size == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_AttributeError, "SSLProtocol without a write backlog");
+        return -1;
+    }
+    Py_ssize_t len = PyObject_Size(data);
+    PyObject *r = len < 0 ? NULL : PyObject_CallMethodOneArg(backlog, st->str_append, data);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    PyObject *n = PyLong_FromSsize_t(len);
+    PyObject *sum = n ? PyNumber_Add(size, n) : NULL;
+    Py_XDECREF(n);
+    int rc = sum ? PyDict_SetItem(self->pdict, st->str_write_buffer_size, sum) : -1;
+    Py_XDECREF(sum);
+    return rc;
 }
 
 /* Plaintext of one write, all of it; or *fallback = 1 when SSLProtocol
- * must take the write (nothing was written). */
+ * must take the write (nothing was written).  When the TLS object refuses
+ * it, as SSLProtocol's _write_appdata + _do_write: the data waits in the
+ * backlog, and _ssl's error is "again" (SSLAgainErrors: 0 returned, the
+ * backlog is retried later) or raised. */
 static int
 tls_write(TLSEngineObject *self, PyObject *data, int *fallback)
 {
@@ -278,25 +546,40 @@ tls_write(TLSEngineObject *self, PyObject *data, int *fallback)
         }
         const tl_ossl *o = &self->st->ossl;
         size_t w = 0;
-        int ok = view.len > 0 &&
-                 o->SSL_write_ex(self->ssl, view.buf, (size_t)view.len, &w) &&
-                 w == (size_t)view.len;
+        if (view.len == 0) {
+            PyBuffer_Release(&view);
+            *fallback = 1;
+            return 0;
+        }
+        int eof = eof_flag(self->st, self->sslobj);
+        /* _ssl enables no partial writes: all is written, or nothing. */
+        int ok = !eof && o->SSL_write_ex(self->ssl, view.buf, (size_t)view.len, &w);
+        int c_errno = errno;
         PyBuffer_Release(&view);
-        /* Not written (want-read, error): SSLProtocol retries the same
-         * write, which also raises an error as the stock loop sees it. */
-        *fallback = !ok;
-        return 0;
+        if (ok)
+            return 0;
+        int e = eof ? 0 : o->SSL_get_error(self->ssl, 0);
+        if (backlog_append(self, data) < 0)
+            return -1;
+        if (!eof_already_raised(self->st, self->sslobj))
+            raise_ssl_error(self->st, self->sslobj, self->ssl, e, c_errno,
+                            self->st->ssl_line_write);
+        return clear_again_error(self) ? 0 : -1;
     }
     /* _ssl's write() writes all or raises (it enables no partial writes). */
     PyObject *r = PyObject_CallMethodOneArg(self->sslobj, self->st->str_write, data);
-    if (r == NULL) {
-        if (!clear_again_error(self))
-            return -1;
-        *fallback = 1;
+    if (r != NULL) {
+        Py_DECREF(r);
         return 0;
     }
-    Py_DECREF(r);
-    return 0;
+    /* The backlog as on the openssl route; its error is _ssl's own. */
+    PyObject *exc = tl_err_get_raised();
+    if (backlog_append(self, data) < 0) {
+        Py_DECREF(exc);
+        return -1;
+    }
+    tl_err_set_raised(exc);
+    return clear_again_error(self) ? 0 : -1;
 }
 
 /* ---- SSLProtocol's paths, in C ---- */
@@ -1051,11 +1334,15 @@ tls_setup(PyObject *module, PyObject *args)
     SYM(SSL_get_rbio) SYM(SSL_get_wbio) SYM(SSL_get_SSL_CTX) SYM(SSL_get_ex_data)
     SYM(SSL_is_server) SYM(SSL_do_handshake) SYM(BIO_write) SYM(BIO_read)
     SYM(BIO_ctrl_pending) SYM(ERR_clear_error) SYM(OpenSSL_version)
-    SYM(SSL_has_pending) SYM(SSL_ctrl)
+    SYM(SSL_has_pending) SYM(SSL_ctrl) SYM(ERR_peek_last_error)
+    SYM(ERR_reason_error_string) SYM(SSL_get_verify_result)
+    SYM(X509_verify_cert_error_string) SYM(OpenSSL_version_num)
 #undef SYM
     dlclose(h);
     if (missing != NULL)
         return PyUnicode_FromFormat("%s not found in _ssl's libssl", missing);
+    if (o.OpenSSL_version_num() < 0x30000000UL)
+        return PyUnicode_FromString("OpenSSL older than 3.0 (its error codes differ)");
     const char *have = o.OpenSSL_version(0);
     if (have == NULL || strcmp(have, version) != 0)
         return PyUnicode_FromFormat("libssl says %s, ssl.OPENSSL_VERSION %s",
@@ -1133,6 +1420,121 @@ tls_handshake_step(PyObject *module, PyObject *args)
     return PyLong_FromLong(ret == 1 ? 0 : o->SSL_get_error(ssl, ret));
 }
 
+/* _tls_errors(_ssl, expected, read_line, write_line, names) -> None when
+ * _ssl's module state starts as _ssl.h lays it out (3.11-3.14): its five
+ * types and seven exceptions, the objects in `expected` in that order,
+ * then (3.12+) the dicts err_codes_to_names and lib_codes_to_names; else
+ * the reason.  names: those two dicts where _ssl still exposes them (3.11),
+ * else None.  The exceptions and dicts are kept for raise_ssl_error, with
+ * the _ssl.c lines of read() and write(). */
+static PyObject *
+tls_errors(PyObject *module, PyObject *args)
+{
+    tl_state *st = PyModule_GetState(module);
+    PyObject *ssl_mod, *expected, *names;
+    int line_read, line_write, line_eof;
+    if (!PyArg_ParseTuple(args, "O!O!iiOi:_tls_errors", &PyModule_Type, &ssl_mod,
+                          &PyTuple_Type, &expected, &line_read, &line_write, &names,
+                          &line_eof))
+        return NULL;
+    enum { KNOWN = 12 };
+    PyModuleDef *def = PyModule_GetDef(ssl_mod);
+    if (def == NULL) {
+        PyErr_Clear();
+        return PyUnicode_FromString("_ssl has no module definition");
+    }
+    PyObject **slots = PyModule_GetState(ssl_mod);
+    if (slots == NULL || def->m_size < (Py_ssize_t)((KNOWN + 2) * sizeof(PyObject *)))
+        return PyUnicode_FromString("_ssl's module state is smaller than the known layout");
+    if (PyTuple_GET_SIZE(expected) != KNOWN)
+        return PyUnicode_FromString("_tls_errors: expected 12 objects");
+    for (int i = 0; i < KNOWN; i++)
+        if (slots[i] != PyTuple_GET_ITEM(expected, i))
+            return PyUnicode_FromFormat("_ssl's module state holds something else "
+                                        "than %R at slot %d", PyTuple_GET_ITEM(expected, i), i);
+    PyObject *code_names = slots[KNOWN], *lib_names = slots[KNOWN + 1];
+    if (names != Py_None) {
+        if (!PyTuple_Check(names) || PyTuple_GET_SIZE(names) != 2) {
+            PyErr_SetString(PyExc_TypeError, "_tls_errors: names must be a pair or None");
+            return NULL;
+        }
+        code_names = PyTuple_GET_ITEM(names, 0);
+        lib_names = PyTuple_GET_ITEM(names, 1);
+    }
+    if (code_names == NULL || lib_names == NULL ||
+        !PyDict_CheckExact(code_names) || !PyDict_CheckExact(lib_names))
+        return PyUnicode_FromString("no error-name dicts in _ssl's module state");
+    PyObject *tab = PyTuple_New(ERRTAB_SIZE);
+    if (tab == NULL)
+        return NULL;
+    for (int i = 0; i < ERRTAB_CODE_NAMES; i++)
+        PyTuple_SET_ITEM(tab, i, Py_NewRef(slots[5 + i]));
+    PyTuple_SET_ITEM(tab, ERRTAB_CODE_NAMES, Py_NewRef(code_names));
+    PyTuple_SET_ITEM(tab, ERRTAB_LIB_NAMES, Py_NewRef(lib_names));
+    Py_XSETREF(st->tls_errtab, tab);
+    st->ssl_line_read = line_read;
+    st->ssl_line_write = line_write;
+    st->ssl_line_eof = 0;
+    if (line_eof > 0) {
+        if (((PyTypeObject *)st->tls_sslsocket_type)->tp_basicsize <
+            (Py_ssize_t)(TL_SSLSOCKET_EOF_OFFSET + sizeof(int)))
+            return PyUnicode_FromString("_SSLSocket has no room for an EOF flag");
+        st->ssl_line_eof = line_eof;
+    }
+    Py_RETURN_NONE;
+}
+
+/* _tls_eof_flag(sslsock) -> the int where 3.14's _SSLSocket keeps "an
+ * SSLEOFError was raised", or None when the object is too small for it
+ * (the proof checks it changes from 0 to 1 with such an error). */
+static PyObject *
+tls_eof_flag(PyObject *module, PyObject *sock)
+{
+    tl_state *st = PyModule_GetState(module);
+    if (st->tls_sslsocket_type == NULL || !Py_IS_TYPE(sock, (PyTypeObject *)st->tls_sslsocket_type)) {
+        PyErr_SetString(PyExc_TypeError, "_tls_eof_flag: an _ssl._SSLSocket is needed");
+        return NULL;
+    }
+    if (Py_TYPE(sock)->tp_basicsize < (Py_ssize_t)(TL_SSLSOCKET_EOF_OFFSET + sizeof(int)))
+        Py_RETURN_NONE;
+    int flag;
+    memcpy(&flag, (char *)sock + TL_SSLSOCKET_EOF_OFFSET, sizeof(flag));
+    return PyLong_FromLong(flag);
+}
+
+/* _tls_fail_step(sslsock, write) -> the count of one SSL_read_ex (or
+ * SSL_write_ex of b"x") through the openssl route; when it fails, raises
+ * what raise_ssl_error makes of it (the proof compares that with what _ssl
+ * raises for the same bytes in the incoming MemoryBIO). */
+static PyObject *
+tls_fail_step(PyObject *module, PyObject *args)
+{
+    tl_state *st = PyModule_GetState(module);
+    PyObject *sock;
+    int write;
+    if (!PyArg_ParseTuple(args, "Op:_tls_fail_step", &sock, &write))
+        return NULL;
+    if (!st->ossl_loaded || st->tls_errtab == NULL ||
+        !Py_IS_TYPE(sock, (PyTypeObject *)st->tls_sslsocket_type)) {
+        PyErr_SetString(PyExc_RuntimeError, "OpenSSL functions or _ssl's errors not found");
+        return NULL;
+    }
+    const tl_ossl *o = &st->ossl;
+    void *ssl = field_ptr(sock, TL_SSLSOCKET_SSL_OFFSET);
+    o->ERR_clear_error();
+    if (eof_already_raised(st, sock))
+        return NULL;
+    char buf[64];
+    size_t n = 0;
+    int ok = write ? o->SSL_write_ex(ssl, "x", 1, &n) : o->SSL_read_ex(ssl, buf, sizeof(buf), &n);
+    if (ok)
+        return PyLong_FromSize_t(n);
+    int c_errno = errno;
+    raise_ssl_error(st, sock, ssl, o->SSL_get_error(ssl, 0), c_errno,
+                    write ? st->ssl_line_write : st->ssl_line_read);
+    return NULL;
+}
+
 /* _tls_set_proven(bool): the Python side's verdict on the round trips. */
 static PyObject *
 tls_set_proven(PyObject *module, PyObject *arg)
@@ -1141,7 +1543,7 @@ tls_set_proven(PyObject *module, PyObject *arg)
     int v = PyObject_IsTrue(arg);
     if (v < 0)
         return NULL;
-    if (v && !st->ossl_loaded) {
+    if (v && (!st->ossl_loaded || st->tls_errtab == NULL)) {
         PyErr_SetString(PyExc_RuntimeError, "OpenSSL functions not loaded");
         return NULL;
     }
@@ -1193,6 +1595,9 @@ const PyMethodDef tl_tls_module_methods[] = {
     {"_tls_setup", tls_setup, METH_VARARGS, NULL},
     {"_tls_prove", tls_prove, METH_VARARGS, NULL},
     {"_tls_handshake_step", tls_handshake_step, METH_VARARGS, NULL},
+    {"_tls_errors", tls_errors, METH_VARARGS, NULL},
+    {"_tls_fail_step", tls_fail_step, METH_VARARGS, NULL},
+    {"_tls_eof_flag", tls_eof_flag, METH_O, NULL},
     {"_tls_set_proven", tls_set_proven, METH_O, NULL},
     {"tls_route", tls_route, METH_NOARGS,
      "The TLS route new connections take: 'openssl', 'sslobject' or 'asyncio'."},
