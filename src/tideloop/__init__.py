@@ -141,6 +141,8 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         # every wakeup, which allocates a bound method each time; one kept
         # in the instance dict is found first and reused.
         self.call_soon = self.call_soon
+        if os.environ.get("TIDELOOP_CALLBACK_TIMING") == "1":
+            self._set_callback_timing(True)     # tideloop.diagnostics
         self._child_pidfds = {}        # pidfd -> pid of watched children
         self._exited_children = set()  # exited, reaped on the next iteration
         if _compat.LOOP_WATCHERS:
@@ -591,11 +593,28 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
 
     # -- diagnostics -------------------------------------------------------
 
+    def diagnostics(self):
+        """The loop's health as plain data (safe from any thread): counters
+        of what it has done, where its time went, the current ready, timer
+        and fd counts, and histograms of iteration time, poll time,
+        scheduling lag, timer lateness and (while callback timing is on)
+        callback time.  See :mod:`tideloop.diagnostics`."""
+        return self._diagnostics()
+
     def stats(self):
         """Counters of what the loop has done: iterations, callbacks run,
         I/O events, timers fired, slow callbacks, seconds spent polling, and
-        the current ready/timer/fd counts."""
-        return self._stats()
+        the current ready/timer/fd counts (a subset of :meth:`diagnostics`)."""
+        d = self._diagnostics()
+        s = {k: d[k] for k in _STATS_COUNTERS}
+        s["poll_time"] = d["time_polling"]
+        for k in ("ready", "timers", "fds", "backend"):
+            s[k] = d[k]
+        return s
+
+
+_STATS_COUNTERS = ("iterations", "polls", "callbacks", "io_events", "timers_fired",
+                   "slow_callbacks")
 
 
 def new_event_loop():

@@ -27,6 +27,7 @@
 #include "heap.h"
 #include "poller.h"
 #include "ready.h"
+#include "health.h"
 
 /* Arguments up to this count live inside the handle: no tuple per call. */
 #define TL_INLINE_ARGS 3
@@ -192,7 +193,11 @@ enum {
     X(tls_do_handshake) X(tls_wrapped) X(tls_flushing) X(tls_shutdown)     \
     X(tls_sslsocket_type) X(tls_memorybio_type)  /* _ssl's own types */ \
     X(tls_errtab)      /* _ssl's exception types and code-to-name dicts,  \
-                          from its module state (_tls_errors; tls.c) */
+                          from its module state (_tls_errors; tls.c) */   \
+    /* watchdog.c, set by tideloop.diagnostics (_diag_setup); NULL before: */  \
+    X(diag_capture)    /* (thread_id) -> the thread's stack */            \
+    X(diag_report)     /* (loop, what, io_name, duration, since, delay,   \
+                          stack): a stall is over */
 
 typedef struct {
 #define TL_DECLARE_TYPE(f) PyTypeObject *f;
@@ -334,6 +339,23 @@ typedef struct {
  * allocated once per loop, so above the mmap threshold costs nothing. */
 #define TL_TLS_AREA_SIZE (256 * 1024)
 
+/* What a loop has done, always kept (health.h; read by loop.c's
+ * _diagnostics): counters, where the time went, and histograms.  Written by
+ * the loop's thread only, with relaxed atomic stores (see health.h). */
+typedef struct {
+    uint64_t iterations, callbacks, io_events, polls, timers_fired, slow_callbacks;
+    uint64_t poll_ns;           /* blocked in the poller */
+    uint64_t run_ns;            /* the rest of each iteration */
+    tl_hist iteration;          /* one iteration, the poller's sleep excluded */
+    tl_hist poll;               /* one blocking poll */
+    tl_hist lag;                /* scheduling lag: the oldest callback of a
+                                   batch, from being queued to the batch */
+    tl_hist lateness;           /* a timer: from its deadline to being queued */
+    tl_hist callback;           /* one callback (only while timing is on) */
+    int64_t since_ns;           /* the last reset (or the loop's creation) */
+    int timing;                 /* time each callback */
+} tl_health;
+
 struct LoopObject {
     PyObject_HEAD
     tl_state *state;
@@ -376,14 +398,9 @@ struct LoopObject {
     PyObject *dict;
     PyObject *weakreflist;
 
-    /* Counters for loop metrics. */
-    uint64_t n_iterations;
-    uint64_t n_callbacks;
-    uint64_t n_io_events;
-    uint64_t n_polls;
-    uint64_t n_timers_fired;
-    uint64_t n_slow_callbacks;
-    double poll_time;
+    tl_health health;
+    struct tl_watchdog *watchdog;   /* watchdog.c: the stall watchdog, or NULL */
+    int stall_flag;             /* set by the watchdog: a stall was captured */
 };
 
 /* ---- checks every entry point makes ---- */
@@ -518,5 +535,12 @@ extern const PyMethodDef tl_sockop_loop_methods[];
  * (_tls_setup, _tls_prove, tls_route, set_tls_route, ...). */
 extern PyType_Spec tl_tls_engine_spec;
 extern const PyMethodDef tl_tls_module_methods[];
+
+/* watchdog.c: the stall watchdog */
+typedef struct tl_watchdog tl_watchdog;
+void tl_watchdog_stop(LoopObject *loop);
+int tl_stall_report(LoopObject *loop, PyObject *what, const char *io_name);
+extern const PyMethodDef tl_diag_loop_methods[];
+extern const PyMethodDef tl_diag_module_methods[];
 
 #endif

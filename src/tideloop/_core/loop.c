@@ -255,7 +255,7 @@ dispatch_events(LoopObject *self, int n)
                 return -1;
             continue;
         }
-        self->n_io_events++;
+        tl_count(&self->health.io_events, 1);
         if (tl_fd_dispatch(self, fd, mask) < 0)
             return -1;
     }
@@ -274,7 +274,7 @@ run_ready_debug(LoopObject *self, HandleObject *h)
     if (rc < 0)
         return -1;
     if (dt >= self->slow_callback_duration) {
-        self->n_slow_callbacks++;
+        tl_count(&self->health.slow_callbacks, 1);
         PyObject *desc = PyObject_CallOneArg(st->format_handle, (PyObject *)h);
         if (desc == NULL)
             return -1;
@@ -315,7 +315,7 @@ run_handle_item(LoopObject *self, HandleObject *h, int *entered)
 {
     if (h->cancelled)
         return 0;
-    self->n_callbacks++;
+    tl_count(&self->health.callbacks, 1);
     int rc;
     int locked = Py_IS_TYPE(h, self->state->ThreadSafeHandleType);
     if (locked && lock_threadsafe(self) < 0)
@@ -343,7 +343,7 @@ run_io_item(LoopObject *self, tl_io_watcher *w, int *entered)
      * would find no reader Handle to run. */
     if (w->stale || !w->armed)
         return 0;
-    self->n_callbacks++;
+    tl_count(&self->health.callbacks, 1);
     if (!self->debug)
         return tl_io_run(self, w, entered);
     tl_batch_exit(self, entered);
@@ -359,7 +359,8 @@ static int
 run_once(LoopObject *self)
 {
     int64_t timeout_ns = -1;
-    self->n_iterations++;
+    tl_health *health = &self->health;
+    tl_count(&health->iterations, 1);
     if (self->ready.len || self->stopping) {
         timeout_ns = 0;
     }
@@ -381,6 +382,7 @@ run_once(LoopObject *self)
     if (self->dirty_len)
         tl_fd_flush_dirty(self);
     int n;
+    int64_t woke_ns = 0;        /* when the poll returned */
     if (timeout_ns == 0 && self->fds_registered == self->fds_internal &&
         self->signal_rfd < 0) {
         /* Callbacks are ready and no fd but our wakeup eventfd is watched:
@@ -390,20 +392,24 @@ run_once(LoopObject *self)
     }
     else if (timeout_ns == 0) {
         /* Nothing to wait for: poll without giving up the GIL. */
-        self->n_polls++;
+        tl_count(&health->polls, 1);
         n = tl_poller_poll(self->poller, self->events, self->events_cap, 0);
     }
     else {
-        double t0 = tl_monotonic();
-        self->n_polls++;
-        self->sleeping = 1;
+        int64_t t0 = tl_now_ns();
+        tl_count(&health->polls, 1);
+        TL_ATOMIC_SET(&self->sleeping, 1);     /* read by the watchdog too */
         Py_BEGIN_ALLOW_THREADS
         n = tl_poller_poll(self->poller, self->events, self->events_cap,
                            timeout_ns);
         Py_END_ALLOW_THREADS
-        self->sleeping = 0;
-        self->poll_time += tl_monotonic() - t0;
+        TL_ATOMIC_SET(&self->sleeping, 0);
+        woke_ns = tl_now_ns();
+        tl_hist_record(&health->poll, woke_ns - t0);
+        tl_count(&health->poll_ns, (uint64_t)(woke_ns - t0));
     }
+    if (woke_ns == 0)
+        woke_ns = tl_now_ns();
     if (n < 0) {
         if (errno != EINTR) {
             PyErr_SetFromErrno(PyExc_OSError);
@@ -419,14 +425,16 @@ run_once(LoopObject *self)
 
     /* Expired timers, in deadline order (ties in scheduling order). */
     if (self->timers.len) {
-        double end_time = tl_monotonic() + self->clock_resolution;
+        double now = tl_monotonic();
+        double end_time = now + self->clock_resolution;
         tl_heap_node *top;
         while ((top = tl_heap_top(&self->timers)) != NULL &&
                top->key < end_time) {
             tl_heap_pop(&self->timers);
             HandleObject *h = HANDLE_OF_NODE(top);
             h->scheduled = 0;
-            self->n_timers_fired++;
+            tl_count(&health->timers_fired, 1);
+            tl_hist_record(&health->lateness, (int64_t)((now - top->key) * 1e9));
             if (ready_push(self, h) < 0)   /* the heap's reference moves */
                 return -1;
         }
@@ -434,28 +442,48 @@ run_once(LoopObject *self)
 
     /* Only what was ready now: callbacks scheduled from here wait. */
     size_t ntodo = self->ready.len;
+    int64_t start_ns = woke_ns;     /* of the batch, then of each callback */
+    if (ntodo) {
+        start_ns = tl_now_ns();
+        if (self->ready.first_ns != 0)
+            tl_hist_record(&health->lag, start_ns - self->ready.first_ns);
+    }
+    self->ready.first_ns = 0;
+    int timing = health->timing;
     int entered = 0;
+    int rc = 0;
     for (size_t i = 0; i < ntodo && self->ready.len; i++) {
         tl_ready_item it = tl_ready_pop(&self->ready);
         tl_io_watcher *w = tl_ready_io(it);
-        int rc;
+        uint64_t ran_before = health->callbacks;
+        PyObject *held;             /* the item's reference */
         if (__builtin_expect(w == NULL, 1)) {
+            held = (PyObject *)it;
             rc = run_handle_item(self, (HandleObject *)it, &entered);
-            Py_DECREF((PyObject *)it);
         }
         else {
-            PyObject *owner = w->owner;   /* the item's reference */
+            held = w->owner;
             w->queued = 0;
             rc = run_io_item(self, w, &entered);
-            Py_DECREF(owner);
         }
-        if (rc < 0) {
-            tl_batch_exit(self, &entered);
-            return -1;
+        if (timing) {
+            int64_t t = tl_now_ns();
+            if (health->callbacks != ran_before)     /* not a cancelled one */
+                tl_hist_record(&health->callback, t - start_ns);
+            start_ns = t;
         }
+        if (__builtin_expect(__atomic_load_n(&self->stall_flag, __ATOMIC_ACQUIRE), 0) &&
+            rc == 0)
+            rc = tl_stall_report(self, held, w != NULL ? w->name : NULL);
+        Py_DECREF(held);
+        if (rc < 0)
+            break;
     }
     tl_batch_exit(self, &entered);
-    return 0;
+    int64_t end_ns = tl_now_ns();
+    tl_hist_record(&health->iteration, end_ns - woke_ns);
+    tl_count(&health->run_ns, (uint64_t)(end_ns - woke_ns));
+    return rc;
 }
 
 /* ---- Python methods ---- */
@@ -768,7 +796,7 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
         return NULL;
 
     int failed = 0;
-    self->thread_id = PyThread_get_thread_ident();
+    TL_ATOMIC_SET(&self->thread_id, PyThread_get_thread_ident());
     if (install_asyncgen_hooks(self) < 0) {
         failed = 1;
     }
@@ -794,7 +822,7 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
     /* finally: */
     PyObject *exc = tl_err_get_raised();
     self->stopping = 0;
-    self->thread_id = 0;
+    TL_ATOMIC_SET(&self->thread_id, 0UL);
     PyObject *r = PyObject_CallMethodOneArg(st->events_module,
                                             st->str_set_running_loop, Py_None);
     if (r == NULL)
@@ -841,6 +869,7 @@ loop_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
     if (self->closed)
         Py_RETURN_NONE;
     self->closed = 1;
+    tl_watchdog_stop(self);
     tl_ready_clear(&self->ready);
     timers_clear(self);
     tl_fd_clear_all(self);
@@ -1160,22 +1189,83 @@ loop_make_handle(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
                                      args + 1, nargs - 1, NULL, 1);
 }
 
+/* One histogram as plain data: {"counts": [64 ints], "sum": seconds,
+ * "max": seconds}; the bucket bounds are _core.histogram_bounds(). */
 static PyObject *
-loop_stats(LoopObject *self, PyObject *Py_UNUSED(ignored))
+hist_to_dict(const tl_hist *h)
 {
+    PyObject *counts = PyList_New(TL_HIST_BUCKETS);
+    if (counts == NULL)
+        return NULL;
+    for (int i = 0; i < TL_HIST_BUCKETS; i++) {
+        PyObject *c = PyLong_FromUnsignedLongLong(TL_ATOMIC_GET(&h->counts[i]));
+        if (c == NULL) {
+            Py_DECREF(counts);
+            return NULL;
+        }
+        PyList_SET_ITEM(counts, i, c);
+    }
+    return Py_BuildValue("{sNsdsd}", "counts", counts,
+                         "sum", (double)TL_ATOMIC_GET(&h->sum_ns) * 1e-9,
+                         "max", (double)TL_ATOMIC_GET(&h->max_ns) * 1e-9);
+}
+
+/* loop._diagnostics() -> the loop's health as plain data (see
+ * tideloop.diagnostics); safe from any thread. */
+static PyObject *
+loop_diagnostics(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    tl_health *h = &self->health;
+    PyObject *hists = Py_BuildValue(
+        "{sNsNsNsNsN}",
+        "iteration", hist_to_dict(&h->iteration),
+        "poll", hist_to_dict(&h->poll),
+        "scheduling_lag", hist_to_dict(&h->lag),
+        "timer_lateness", hist_to_dict(&h->lateness),
+        "callback", hist_to_dict(&h->callback));
+    if (hists == NULL)
+        return NULL;
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsdsnsnsnss}",
-        "iterations", (unsigned long long)self->n_iterations,
-        "polls", (unsigned long long)self->n_polls,
-        "callbacks", (unsigned long long)self->n_callbacks,
-        "io_events", (unsigned long long)self->n_io_events,
-        "timers_fired", (unsigned long long)self->n_timers_fired,
-        "slow_callbacks", (unsigned long long)self->n_slow_callbacks,
-        "poll_time", self->poll_time,
+        "{sKsKsKsKsKsKsdsdsnsnsnsssOsdsN}",
+        "iterations", (unsigned long long)TL_ATOMIC_GET(&h->iterations),
+        "polls", (unsigned long long)TL_ATOMIC_GET(&h->polls),
+        "callbacks", (unsigned long long)TL_ATOMIC_GET(&h->callbacks),
+        "io_events", (unsigned long long)TL_ATOMIC_GET(&h->io_events),
+        "timers_fired", (unsigned long long)TL_ATOMIC_GET(&h->timers_fired),
+        "slow_callbacks", (unsigned long long)TL_ATOMIC_GET(&h->slow_callbacks),
+        "time_polling", (double)TL_ATOMIC_GET(&h->poll_ns) * 1e-9,
+        "time_running", (double)TL_ATOMIC_GET(&h->run_ns) * 1e-9,
         "ready", (Py_ssize_t)self->ready.len,
         "timers", (Py_ssize_t)self->timers.len,
         "fds", (Py_ssize_t)(self->fds_registered - self->fds_internal),
-        "backend", tl_poller_name());
+        "backend", tl_poller_name(),
+        "callback_timing", h->timing ? Py_True : Py_False,
+        "since", (double)h->since_ns * 1e-9,
+        "histograms", hists);
+}
+
+/* loop._reset_diagnostics(): counters and histograms back to zero. */
+static PyObject *
+loop_reset_diagnostics(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    int timing = self->health.timing;
+    memset(&self->health, 0, sizeof(self->health));
+    self->health.timing = timing;
+    self->health.since_ns = tl_now_ns();
+    Py_RETURN_NONE;
+}
+
+/* loop._set_callback_timing(on) -> the previous setting: time each
+ * callback (the "callback" histogram), at a clock read per callback. */
+static PyObject *
+loop_set_callback_timing(LoopObject *self, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    PyObject *prev = PyBool_FromLong(self->health.timing);
+    self->health.timing = on;
+    return prev;
 }
 
 static PyObject *
@@ -1256,6 +1346,7 @@ loop_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     /* tp_alloc zeroed the object. */
     self->wakeup_fd = self->signal_rfd = self->signal_wfd = -1;
     self->slow_callback_duration = 0.1;
+    self->health.since_ns = tl_now_ns();
     PyObject *m = NULL;
     for (PyTypeObject *t = type; t != NULL; t = t->tp_base) {
         if (t->tp_flags & Py_TPFLAGS_HEAPTYPE) {
@@ -1338,6 +1429,7 @@ loop_dealloc(LoopObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
+    tl_watchdog_stop(self);
     if (self->weakreflist != NULL)
         PyObject_ClearWeakRefs((PyObject *)self);
     loop_clear(self);
@@ -1405,8 +1497,10 @@ static PyMethodDef loop_methods[] = {
     {"_signal_pipe_close", (PyCFunction)loop_signal_pipe_close, METH_NOARGS, NULL},
     {"_make_handle", (PyCFunction)(void (*)(void))loop_make_handle,
      METH_FASTCALL, NULL},
-    {"_stats", (PyCFunction)loop_stats, METH_NOARGS,
-     "Counters of the loop's work (iterations, callbacks, io events, ...)."},
+    {"_diagnostics", (PyCFunction)loop_diagnostics, METH_NOARGS,
+     "The loop's health as plain data (tideloop.diagnostics)."},
+    {"_reset_diagnostics", (PyCFunction)loop_reset_diagnostics, METH_NOARGS, NULL},
+    {"_set_callback_timing", (PyCFunction)loop_set_callback_timing, METH_O, NULL},
     {NULL}
 };
 

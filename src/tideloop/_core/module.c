@@ -131,6 +131,27 @@ done:
 
 /* tideloop._core.compat: the C-level compatibility entries (compat.h) and
  * the branch this build took. */
+/* _core.HISTOGRAM_BOUNDS: the lower bound of each bucket of the loop's
+ * histograms, in seconds (health.h). */
+static int
+add_histogram_bounds(PyObject *m)
+{
+    PyObject *t = PyTuple_New(TL_HIST_BUCKETS);
+    if (t == NULL)
+        return -1;
+    for (int i = 0; i < TL_HIST_BUCKETS; i++) {
+        PyObject *v = PyFloat_FromDouble((double)tl_hist_lower_ns(i) * 1e-9);
+        if (v == NULL) {
+            Py_DECREF(t);
+            return -1;
+        }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    int rc = PyModule_AddObjectRef(m, "HISTOGRAM_BOUNDS", t);
+    Py_DECREF(t);
+    return rc;
+}
+
 static int
 add_compat_table(PyObject *m)
 {
@@ -278,7 +299,8 @@ core_exec(PyObject *m)
         add_transport_types(m, st, st->FlowControlMixin) < 0 ||
         (st->ListenerType = add_type(m, &tl_listener_spec, NULL)) == NULL ||
         (st->TLSEngineType = add_type(m, &tl_tls_engine_spec, NULL)) == NULL ||
-        PyModule_AddFunctions(m, (PyMethodDef *)tl_tls_module_methods) < 0)
+        PyModule_AddFunctions(m, (PyMethodDef *)tl_tls_module_methods) < 0 ||
+        PyModule_AddFunctions(m, (PyMethodDef *)tl_diag_module_methods) < 0)
         goto done;
     /* Not added to the module: sock_* awaitables are made by the loop only. */
     st->SockOpType = (PyTypeObject *)PyType_FromModuleAndSpec(
@@ -295,13 +317,14 @@ core_exec(PyObject *m)
         add_methods(st->LoopType, tl_listener_loop_methods) < 0 ||
         add_methods(st->LoopType, tl_dgram_loop_methods) < 0 ||
         add_methods(st->LoopType, tl_pipe_loop_methods) < 0 ||
-        add_methods(st->LoopType, tl_sockop_loop_methods) < 0)
+        add_methods(st->LoopType, tl_sockop_loop_methods) < 0 ||
+        add_methods(st->LoopType, tl_diag_loop_methods) < 0)
         goto done;
     if (make_kwnames(st) < 0 ||
         PyModule_AddStringConstant(m, "poller_backend", tl_poller_name()) < 0 ||
         tl_context_init(st) < 0 ||
         PyModule_AddIntConstant(m, "context_snapshots", st->fast_context) < 0 ||
-        add_compat_table(m) < 0)
+        add_compat_table(m) < 0 || add_histogram_bounds(m) < 0)
         goto done;
     rc = 0;
 done:

@@ -5,13 +5,15 @@
  * (fdtable.c) queues its watcher here, the loop (loop.c) runs the watcher's
  * C function in the context it was armed in (handle.c: tl_io_run), in the
  * same order as asyncio's reader Handle would run.  Leaf: includes only
- * Python.h. */
+ * Python.h and health.h. */
 #ifndef TIDELOOP_READY_H
 #define TIDELOOP_READY_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+
+#include "health.h"
 
 /* 0, or -1 with an exception set (as every function of the core). */
 typedef int (*tl_io_fn)(PyObject *owner);
@@ -56,6 +58,9 @@ tl_ready_obj(tl_ready_item it)
 typedef struct {
     tl_ready_item *items;     /* a ring */
     size_t head, len, cap;    /* cap: a power of two */
+    int64_t first_ns;         /* when the first item since the loop's last
+                                 batch was queued (0: none yet): one clock
+                                 read per batch gives its scheduling lag */
 } tl_ready_queue;
 
 static inline int
@@ -85,6 +90,8 @@ tl_ready_push_item(tl_ready_queue *q, tl_ready_item it)
     }
     q->items[(q->head + q->len) & (q->cap - 1)] = it;
     q->len++;
+    if (q->first_ns == 0)
+        q->first_ns = tl_now_ns();
     return 0;
 }
 

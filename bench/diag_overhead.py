@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""What tideloop's diagnostics cost (issue 13): user-space instructions of
+the same workloads on a build without them (--base, a git revision) and on
+this checkout, with callback timing off and on.
+
+    python bench/diag_overhead.py --base REV [--json PATH]
+
+Workloads (each under callgrind, the slope between two run lengths, so the
+interpreter's start-up does not count):
+
+* call_soon -- ``call_soon + run noop`` of ``python -m tideloop bench``:
+  call_soon(noop) in batches of 1,000 per loop iteration, all run;
+  instructions per call_soon + run.
+* echo      -- ``bench/echo_servers.py --kind protocol`` (Protocol echo)
+  served to ``bench/bin/loadgen`` (10 connections, 1 KiB), for two
+  durations; instructions per request (server process only).
+
+Variants: ``base`` (REV's source, built here in a temporary worktree),
+``always-on`` (this checkout: counters and histograms that every loop
+keeps), ``timing`` (this checkout with TIDELOOP_CALLBACK_TIMING=1: every
+callback timed).  Exit status 0 only when every run succeeded.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from _harness import procs  # noqa: E402  (bench/ is not a package)
+from tls_instr import parse_callgrind  # noqa: E402
+
+MICRO = """
+import asyncio, sys, tideloop
+from tideloop._bench.micro import bench_call_soon
+loop = tideloop.new_event_loop()
+loop.run_until_complete(bench_call_soon(loop, int(sys.argv[1])))
+loop.close()
+"""
+MICRO_N = (20000, 60000)
+ECHO_SECONDS = (2, 6)
+
+
+def callgrind(argv, env, workdir, tag):
+    out = os.path.join(workdir, tag + ".cg")
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+           "--compress-strings=no", "--compress-pos=no"] + argv
+    return cmd, out
+
+
+def run_micro(python, src, extra_env, workdir, tag):
+    irs = []
+    for n in MICRO_N:
+        env = dict(os.environ, PYTHONPATH=src, PYTHONHASHSEED="0", **extra_env)
+        cmd, out = callgrind([python, "-c", MICRO, str(n)], env, workdir, f"{tag}-{n}")
+        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=900)
+        irs.append(parse_callgrind(out)[0])
+    return (irs[1] - irs[0]) / (MICRO_N[1] - MICRO_N[0])
+
+
+def run_echo(python, src, extra_env, workdir, tag):
+    points = []
+    for seconds in ECHO_SECONDS:
+        env = dict(os.environ, PYTHONPATH=src, PYTHONHASHSEED="0", **extra_env)
+        cmd, out = callgrind([python, os.path.join(HERE, "echo_servers.py"), "--loop",
+                              "tideloop", "--kind", "protocol", "--port", "0"],
+                             env, workdir, f"{tag}-{seconds}")
+        server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True)
+        try:
+            line = server.stdout.readline()
+            m = re.match(r"READY (\d+)", line)
+            if not m:
+                raise RuntimeError(f"echo server not ready: {line!r}")
+            gen = subprocess.run(
+                [os.path.join(HERE, "bin", "loadgen"), "127.0.0.1", m.group(1),
+                 "--conns", "10", "--size", "1024", "--duration", str(seconds)],
+                capture_output=True, text=True, timeout=seconds + 120, check=True)
+            result = json.loads(gen.stdout.strip().splitlines()[-1])
+            if result["errors"]:
+                raise RuntimeError(f"loadgen: {result['errors']} errors")
+        finally:
+            server.terminate()
+            server.wait(120)
+        points.append((result["requests"], parse_callgrind(out)[0]))
+    (r0, i0), (r1, i1) = points
+    return (i1 - i0) / (r1 - r0)
+
+
+def build(python, checkout):
+    subprocess.run([python, "setup.py", "-q", "build_ext", "--inplace"], cwd=checkout,
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", required=True, help="the git revision without the diagnostics")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the figures here")
+    args = p.parse_args(argv)
+    t_start = time.monotonic()
+    procs.build_c(HERE, ["loadgen"], "diag_overhead")
+    workdir = tempfile.mkdtemp(prefix="diag-overhead-")
+    base_tree = os.path.join(workdir, "base")
+    ok = True
+    results = {}
+    try:
+        subprocess.run(["git", "worktree", "add", "--detach", base_tree, args.base],
+                       cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        build(sys.executable, base_tree)
+        build(sys.executable, ROOT)
+        variants = [("base", os.path.join(base_tree, "src"), {}),
+                    ("always-on", os.path.join(ROOT, "src"), {}),
+                    ("timing", os.path.join(ROOT, "src"), {"TIDELOOP_CALLBACK_TIMING": "1"})]
+        for name, src, env in variants:
+            row = {}
+            for work, fn in (("call_soon", run_micro), ("echo", run_echo)):
+                try:
+                    row[work] = fn(sys.executable, src, env, workdir, f"{name}-{work}")
+                except Exception as exc:       # noqa: BLE001 - reported, verdict FAILED
+                    print(f"error: {name} {work}: {exc}", file=sys.stderr)
+                    row[work] = None
+                    ok = False
+                print(f"  {name:10} {work:10} {row[work] and round(row[work]):>10} Ir/op",
+                      flush=True)
+            results[name] = row
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", base_tree], cwd=ROOT,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    print(f"\nInstructions per operation (callgrind slope), CPython {sys.version.split()[0]},"
+          f" base {args.base}:")
+    print(f"{'variant':10} {'call_soon+run':>14} {'vs base':>8} {'echo request':>13} {'vs base':>8}")
+    base = results.get("base", {})
+    for name, row in results.items():
+        cells = []
+        for work in ("call_soon", "echo"):
+            v, b = row.get(work), base.get(work)
+            cells.append(f"{v:14,.0f}" if v else f"{'ERROR':>14}")
+            cells.append(f"{(v / b - 1) * 100:+7.1f}%" if v and b else f"{'-':>8}")
+        print(f"{name:10} {cells[0]} {cells[1]} {cells[2][1:]} {cells[3]}")
+    verdict = "OK" if ok else "FAILED"
+    print(f"verdict: {verdict}")
+    print(f"reproduce: python bench/diag_overhead.py --base {args.base}")
+    print(f"({time.monotonic() - t_start:.1f} s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"python": sys.version, "base": args.base, "results": results,
+                       "verdict": verdict}, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

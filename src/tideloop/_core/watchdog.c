@@ -1,0 +1,244 @@
+/* The stall watchdog: a C thread per watched loop that notices the loop has
+ * been inside one callback for longer than a threshold, and has the loop
+ * thread's Python stack captured at that moment.
+ *
+ * The loop pays nothing for it but the progress counters it keeps anyway
+ * (health.iterations, health.callbacks: relaxed atomic words) and one test
+ * of `stall_flag` per callback.  The watchdog needs no GIL to watch: it
+ * wakes every quarter threshold and compares the counters; a loop that is
+ * running, not asleep in the poller, and has made no progress for the
+ * threshold is stalled.  Only then does it take the GIL (which the loop
+ * thread gives up within the switch interval when it runs Python code, and
+ * at once when it blocks in a call that releases it: time.sleep, socket
+ * I/O) and calls tideloop.diagnostics' capture function for the loop
+ * thread's frames.  When C code holds the GIL for the whole stall, the
+ * capture comes late and says so (its delay).  The loop thread reports the
+ * stall, once, when the callback returns (tideloop.diagnostics' report
+ * function: the callback, how long, the stack).
+ *
+ * May call: loop.c's shared functions (internal.h), handle.c. */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+
+struct tl_watchdog {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop;                   /* under mu */
+    int64_t threshold_ns, period_ns;
+    LoopObject *loop;           /* borrowed: the loop stops us before it goes */
+    /* The stall being reported: written by the watchdog (with the GIL)
+     * before it sets loop->stall_flag, read by the loop thread (with the
+     * GIL) after it sees the flag. */
+    int64_t since_ns;           /* the first check that saw no progress */
+    int64_t captured_ns;        /* when the stack was taken */
+    PyObject *stack;            /* the capture function's result */
+};
+
+static uint64_t
+progress(LoopObject *loop)
+{
+    return TL_ATOMIC_GET(&loop->health.iterations) + TL_ATOMIC_GET(&loop->health.callbacks);
+}
+
+/* With the GIL: the capture, if the stall still goes on. */
+static void
+capture(tl_watchdog *wd, uint64_t seen)
+{
+    LoopObject *loop = wd->loop;
+    tl_state *st = loop->state;
+    unsigned long tid = TL_ATOMIC_GET(&loop->thread_id);
+    if (tid == 0 || progress(loop) != seen || st->diag_capture == NULL)
+        return;             /* over (or never watched) while we waited for the GIL */
+    PyObject *stack = PyObject_CallFunction(st->diag_capture, "k", tid);
+    if (stack == NULL) {
+        PyErr_WriteUnraisable(st->diag_capture);
+        return;
+    }
+    wd->captured_ns = tl_now_ns();
+    Py_XSETREF(wd->stack, stack);
+    __atomic_store_n(&loop->stall_flag, 1, __ATOMIC_RELEASE);
+}
+
+static void *
+watchdog_main(void *arg)
+{
+    tl_watchdog *wd = arg;
+    LoopObject *loop = wd->loop;
+    uint64_t last = progress(loop);
+    int64_t same_since = tl_now_ns();
+    int reported = 0;
+    pthread_mutex_lock(&wd->mu);
+    while (!wd->stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        int64_t ns = until.tv_nsec + wd->period_ns;
+        until.tv_sec += ns / 1000000000;
+        until.tv_nsec = ns % 1000000000;
+        int rc = 0;
+        while (!wd->stop && rc != ETIMEDOUT)
+            rc = pthread_cond_timedwait(&wd->cv, &wd->mu, &until);
+        if (wd->stop)
+            break;
+        int64_t now = tl_now_ns();
+        uint64_t p = progress(loop);
+        if (p != last || TL_ATOMIC_GET(&loop->thread_id) == 0 ||
+            TL_ATOMIC_GET(&loop->sleeping)) {
+            last = p;
+            same_since = now;
+            reported = 0;
+            continue;
+        }
+        if (reported || now - same_since < wd->threshold_ns - wd->period_ns)
+            continue;
+        reported = 1;       /* once per stall */
+        wd->since_ns = same_since - wd->period_ns / 2;
+        pthread_mutex_unlock(&wd->mu);
+        PyGILState_STATE g = PyGILState_Ensure();
+        capture(wd, p);
+        PyGILState_Release(g);
+        pthread_mutex_lock(&wd->mu);
+    }
+    pthread_mutex_unlock(&wd->mu);
+    return NULL;
+}
+
+/* Stop and free the loop's watchdog, if any (the GIL is let go while it
+ * ends: it may be waiting for it). */
+void
+tl_watchdog_stop(LoopObject *loop)
+{
+    tl_watchdog *wd = loop->watchdog;
+    if (wd == NULL)
+        return;
+    loop->watchdog = NULL;
+    pthread_mutex_lock(&wd->mu);
+    wd->stop = 1;
+    pthread_cond_signal(&wd->cv);
+    pthread_mutex_unlock(&wd->mu);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(wd->thread, NULL);
+    Py_END_ALLOW_THREADS
+    pthread_cond_destroy(&wd->cv);
+    pthread_mutex_destroy(&wd->mu);
+    Py_CLEAR(wd->stack);
+    loop->stall_flag = 0;
+    PyMem_RawFree(wd);
+}
+
+static int
+watchdog_start(LoopObject *loop, double threshold)
+{
+    tl_watchdog *wd = PyMem_RawCalloc(1, sizeof(*wd));
+    if (wd == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    wd->loop = loop;
+    wd->threshold_ns = (int64_t)(threshold * 1e9);
+    wd->period_ns = wd->threshold_ns / 4 > 1000000 ? wd->threshold_ns / 4 : 1000000;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&wd->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&wd->mu, NULL);
+    int rc = pthread_create(&wd->thread, NULL, watchdog_main, wd);
+    if (rc != 0) {
+        pthread_cond_destroy(&wd->cv);
+        pthread_mutex_destroy(&wd->mu);
+        PyMem_RawFree(wd);
+        errno = rc;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    loop->watchdog = wd;
+    return 0;
+}
+
+/* The loop thread, right after the callback that stalled (`what`: its
+ * Handle, or the owner of a C reader/writer): the report, then ready for
+ * the next one.  0, or -1 with an exception set. */
+int
+tl_stall_report(LoopObject *loop, PyObject *what, const char *io_name)
+{
+    tl_watchdog *wd = loop->watchdog;
+    __atomic_store_n(&loop->stall_flag, 0, __ATOMIC_RELAXED);
+    tl_state *st = loop->state;
+    if (wd == NULL || st->diag_report == NULL)
+        return 0;
+    int64_t end = tl_now_ns();
+    PyObject *stack = wd->stack != NULL ? wd->stack : Py_None;
+    PyObject *r = PyObject_CallFunction(
+        st->diag_report, "OOsdddO", (PyObject *)loop, what, io_name,
+        (double)(end - wd->since_ns) * 1e-9, (double)wd->since_ns * 1e-9,
+        (double)(wd->captured_ns - wd->since_ns) * 1e-9, stack);
+    Py_CLEAR(wd->stack);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* loop._set_stall_threshold(seconds|None) -> the previous one (None: not
+ * watched).  A new threshold restarts the watchdog. */
+static PyObject *
+loop_set_stall_threshold(LoopObject *self, PyObject *arg)
+{
+    double threshold = 0;
+    if (arg != Py_None) {
+        threshold = PyFloat_AsDouble(arg);
+        if (threshold == -1 && PyErr_Occurred())
+            return NULL;
+        if (!(threshold > 0) || threshold > 86400) {
+            PyErr_SetString(PyExc_ValueError, "the stall threshold must be a number of "
+                            "seconds above 0 (and at most a day), or None");
+            return NULL;
+        }
+        if (self->state->diag_capture == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "import tideloop.diagnostics first");
+            return NULL;
+        }
+        if (tl_check_closed(self) < 0)
+            return NULL;
+    }
+    PyObject *prev = self->watchdog == NULL
+                     ? Py_NewRef(Py_None)
+                     : PyFloat_FromDouble((double)self->watchdog->threshold_ns * 1e-9);
+    if (prev == NULL)
+        return NULL;
+    tl_watchdog_stop(self);
+    if (arg != Py_None && watchdog_start(self, threshold) < 0) {
+        Py_DECREF(prev);
+        return NULL;
+    }
+    return prev;
+}
+
+/* _core._diag_setup(capture, report): tideloop.diagnostics' functions (see
+ * the top of this file). */
+static PyObject *
+diag_setup(PyObject *module, PyObject *args)
+{
+    tl_state *st = PyModule_GetState(module);
+    PyObject *cap, *rep;
+    if (!PyArg_ParseTuple(args, "OO:_diag_setup", &cap, &rep))
+        return NULL;
+    Py_XSETREF(st->diag_capture, Py_NewRef(cap));
+    Py_XSETREF(st->diag_report, Py_NewRef(rep));
+    Py_RETURN_NONE;
+}
+
+const PyMethodDef tl_diag_loop_methods[] = {
+    {"_set_stall_threshold", (PyCFunction)loop_set_stall_threshold, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+const PyMethodDef tl_diag_module_methods[] = {
+    {"_diag_setup", diag_setup, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,216 @@
+"""Loop health: what a tideloop loop has done and where its time went, and
+stalls caught while they happen.
+
+Every loop keeps, in C and always (a few clock reads per loop iteration):
+
+- counters: ``iterations``, ``polls``, ``callbacks``, ``io_events``,
+  ``timers_fired``, ``slow_callbacks`` (debug mode's reports);
+- time: ``time_polling`` (blocked in the poller) and ``time_running`` (the
+  rest of each iteration), in seconds;
+- gauges: ``ready`` (callbacks queued), ``timers``, ``fds`` (watched);
+- histograms (fixed memory, log buckets: see :data:`HISTOGRAM_BOUNDS`):
+  ``iteration`` (one iteration without the poller's sleep), ``poll`` (one
+  blocking poll), ``scheduling_lag`` (per batch of callbacks: how long its
+  oldest callback waited between being queued and the batch starting),
+  ``timer_lateness`` (a timer, from its deadline to its callback being
+  queued) and ``callback`` (one callback; recorded only while
+  :func:`set_callback_timing` is on, as it costs a clock read per callback).
+
+:func:`snapshot` returns all of it as plain data (dicts, lists, numbers),
+from any thread; :func:`diff` subtracts two snapshots; :func:`summary`
+gives a histogram's count, mean and percentiles; :func:`reset` starts
+over.  Reads never tear a value: the loop's thread writes each word with a
+relaxed atomic store, readers load it the same way.
+
+Stalls: :func:`watch_stalls` starts a watchdog thread (in C) for a loop.
+When the loop has been inside one callback for longer than the threshold,
+it captures the loop thread's Python stack at that moment -- the line that
+blocks: a ``time.sleep``, a CPU-bound loop, a blocking socket call -- and
+when the callback returns the stall is reported once: logged on
+:data:`logger` and kept in :func:`stalls` (the last 32).  A loop that is not
+watched pays nothing for this.
+"""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import logging
+import sys
+import time
+import traceback
+import weakref
+from asyncio import base_events as _base_events
+
+from . import _core
+
+__all__ = ["HISTOGRAM_BOUNDS", "snapshot", "reset", "diff", "summary",
+           "set_callback_timing", "watch_stalls", "stop_watching_stalls", "stalls",
+           "logger"]
+
+#: Where stall reports are logged (WARNING, with ``extra={"tideloop_stall":
+#: report}``).
+logger = logging.getLogger("tideloop.diagnostics")
+
+#: The lower bound of each histogram bucket, in seconds: [0, 1.024 us), then
+#: two buckets per power of two of nanoseconds, the last one open-ended.
+HISTOGRAM_BOUNDS = _core.HISTOGRAM_BOUNDS
+
+_COUNTERS = ("iterations", "polls", "callbacks", "io_events", "timers_fired",
+             "slow_callbacks", "time_polling", "time_running")
+
+
+def _loop(loop):
+    if loop is None:
+        loop = asyncio.get_running_loop()
+    if not isinstance(loop, _core.Loop):
+        raise TypeError("tideloop.diagnostics needs a tideloop loop, not %s"
+                        % type(loop).__name__)
+    return loop
+
+
+def snapshot(loop=None):
+    """The loop's health now, as plain data (the running loop's if None)."""
+    return _loop(loop)._diagnostics()
+
+
+def reset(loop=None):
+    """Counters and histograms back to zero; ``since`` becomes now."""
+    _loop(loop)._reset_diagnostics()
+
+
+def set_callback_timing(on=True, loop=None):
+    """Time every callback into the ``callback`` histogram (a clock read
+    per callback); returns the previous setting."""
+    return _loop(loop)._set_callback_timing(bool(on))
+
+
+def diff(before, after):
+    """What happened between two snapshots of one loop: counters, times and
+    histogram counts and sums subtracted; gauges, ``max`` values (since the
+    last reset) and settings as in ``after``.  A reset in between is an
+    error (the counts would go negative)."""
+    if after["since"] != before["since"]:
+        raise ValueError("the loop's diagnostics were reset between the snapshots")
+    out = dict(after)
+    for k in _COUNTERS:
+        out[k] = after[k] - before[k]
+    out["histograms"] = {
+        name: {"counts": [a - b for a, b in zip(h["counts"], before["histograms"][name]["counts"])],
+               "sum": h["sum"] - before["histograms"][name]["sum"],
+               "max": h["max"]}
+        for name, h in after["histograms"].items()}
+    return out
+
+
+def _bucket_upper(i, hist):
+    if i + 1 < len(HISTOGRAM_BOUNDS):
+        return min(HISTOGRAM_BOUNDS[i + 1], hist["max"]) if hist["max"] else HISTOGRAM_BOUNDS[i + 1]
+    return hist["max"]
+
+
+def summary(hist):
+    """{"count", "mean", "p50", "p90", "p99", "max"} of one histogram (a
+    snapshot's or a diff's), in seconds.  A percentile is the upper bound
+    of the bucket it falls in (capped by ``max``): within a third of the
+    true value."""
+    counts = hist["counts"]
+    n = sum(counts)
+    out = {"count": n, "mean": hist["sum"] / n if n else 0.0, "max": hist["max"]}
+    for name, q in (("p50", 0.50), ("p90", 0.90), ("p99", 0.99)):
+        if n == 0:
+            out[name] = 0.0
+            continue
+        rank, seen = q * n, 0
+        for i, c in enumerate(counts):
+            seen += c
+            if c and seen >= rank:
+                out[name] = _bucket_upper(i, hist)
+                break
+    return out
+
+
+# -- stalls ------------------------------------------------------------------
+
+STALLS_KEPT = 32
+LOG_BURST = 10          # stall log records per loop and minute, at most
+
+_recent = weakref.WeakKeyDictionary()      # loop -> deque of reports
+_log_times = weakref.WeakKeyDictionary()   # loop -> deque of log times
+_watched = weakref.WeakSet()
+
+
+def watch_stalls(threshold=0.1, loop=None):
+    """Report callbacks that keep the loop busy for longer than
+    ``threshold`` seconds, with the stack they were blocked in (None:
+    stop).  Returns the previous threshold (None if not watched)."""
+    loop = _loop(loop)
+    prev = loop._set_stall_threshold(threshold)
+    if threshold is None:
+        _watched.discard(loop)
+    else:
+        _watched.add(loop)
+    return prev
+
+
+def stop_watching_stalls(loop=None):
+    """Stop the stall watchdog of the loop; returns its threshold."""
+    return watch_stalls(None, loop)
+
+
+def stalls(loop=None):
+    """The loop's last stalls, oldest first: dicts with ``duration`` (s,
+    from when the watchdog first saw the loop stuck to the callback's
+    return: at least the threshold minus a quarter of it), ``started``
+    (loop.time() of that), ``callback`` (what ran), ``stack`` (the loop
+    thread's frames when caught, outermost first: (filename, line number,
+    function, source line) tuples; None if it could not be taken) and
+    ``capture_delay`` (s from ``started`` to the capture: long when C code
+    held the GIL)."""
+    return list(_recent.get(_loop(loop), ()))
+
+
+def _capture(thread_id):
+    """The watchdog's capture (with the GIL, the loop thread stuck)."""
+    frame = sys._current_frames().get(thread_id)
+    if frame is None:
+        return None
+    return [(f.filename, f.lineno, f.name, f.line) for f in traceback.extract_stack(frame)]
+
+
+def _describe(what, io_name):
+    if io_name is not None:
+        return "%s.%s()" % (type(what).__name__, io_name)
+    try:
+        return _base_events._format_handle(what)
+    except Exception:       # noqa: BLE001 - a description must not fail
+        return repr(what)
+
+
+def _report(loop, what, io_name, duration, started, delay, stack):
+    """A stall is over (called by the loop thread after the callback)."""
+    report = {"duration": duration, "started": started, "callback": _describe(what, io_name),
+              "stack": stack, "capture_delay": delay}
+    _recent.setdefault(loop, collections.deque(maxlen=STALLS_KEPT)).append(report)
+    times = _log_times.setdefault(loop, collections.deque(maxlen=LOG_BURST))
+    now = time.monotonic()
+    if len(times) == LOG_BURST and now - times[0] < 60:
+        return
+    times.append(now)
+    where = "".join(traceback.format_list(stack)) if stack else "  (no stack)\n"
+    logger.warning("Event loop blocked for %.3f s in %s; stack when caught "
+                   "(%.3f s in):\n%s", duration, report["callback"], delay, where.rstrip(),
+                   extra={"tideloop_stall": report})
+
+
+@atexit.register
+def _stop_all():
+    # No watchdog thread may outlive the interpreter's finalization.
+    for loop in list(_watched):
+        try:
+            loop._set_stall_threshold(None)
+        except Exception:   # noqa: BLE001 - exiting anyway
+            pass
+
+
+_core._diag_setup(_capture, _report)

@@ -1,0 +1,328 @@
+"""tideloop.diagnostics / loop.diagnostics(): the loop's health (issue 13).
+
+A tideloop-only API (the stock loop keeps none of this), so these tests run
+on tideloop alone.  Each figure is checked against a fault planted for it:
+a blocking poll of known length, a timer queued late, a callback that
+blocks while another waits behind it, a callback of known duration; each
+histogram's one entry must sit in the bucket that holds its exact value."""
+import asyncio
+import threading
+import time
+
+import pytest
+
+import tideloop
+from tideloop import diagnostics
+
+from .test_stats import spin, tl  # noqa: F401 - the tideloop-only fixture and helper
+
+HISTOGRAMS = ("iteration", "poll", "scheduling_lag", "timer_lateness", "callback")
+COUNTERS = ("iterations", "polls", "callbacks", "io_events", "timers_fired",
+            "slow_callbacks")
+
+
+def only_bucket(hist):
+    """The index of the one non-empty bucket (asserting there is one)."""
+    nonzero = [i for i, c in enumerate(hist["counts"]) if c]
+    assert len(nonzero) == 1 and hist["counts"][nonzero[0]] == 1, hist
+    return nonzero[0]
+
+
+def holds(i, value):
+    """Bucket i's range holds value (the bounds are its lower edges)."""
+    bounds = diagnostics.HISTOGRAM_BOUNDS
+    return bounds[i] <= value and (i + 1 == len(bounds) or value < bounds[i + 1])
+
+
+def test_a_new_loop_has_done_nothing(tl):
+    d = tl.diagnostics()
+    assert d == diagnostics.snapshot(tl) | {"since": d["since"]}
+    for k in COUNTERS:
+        assert d[k] == 0 and type(d[k]) is int, k
+    assert d["time_polling"] == d["time_running"] == 0.0
+    assert (d["ready"], d["timers"], d["fds"]) == (0, 0, 0)
+    assert d["callback_timing"] is False
+    assert set(d["histograms"]) == set(HISTOGRAMS)
+    for h in d["histograms"].values():
+        assert h == {"counts": [0] * 64, "sum": 0.0, "max": 0.0}
+    assert d["since"] <= tl.time()
+
+
+def test_bounds_are_log_buckets():
+    b = diagnostics.HISTOGRAM_BOUNDS
+    assert len(b) == 64 and b[0] == 0.0 and b[1] == 1024e-9
+    assert all(x < y for x, y in zip(b, b[1:]))
+    # two buckets per power of two: every second bound doubles
+    assert all(abs(b[i + 2] / b[i] - 2) < 1e-12 for i in range(1, 62))
+
+
+def test_every_iteration_is_counted_and_timed(tl):
+    spin(tl, 7)
+    d = tl.diagnostics()
+    assert d["iterations"] == 7
+    assert sum(d["histograms"]["iteration"]["counts"]) == 7
+    assert d["time_running"] == pytest.approx(d["histograms"]["iteration"]["sum"])
+    assert d["callbacks"] == 7          # the loop.stop calls
+
+
+def test_a_blocking_poll(tl):
+    tl.call_later(0.05, tl.stop)
+    t0 = time.monotonic()
+    tl.run_forever()
+    d = tl.diagnostics()
+    poll = d["histograms"]["poll"]
+    i = only_bucket(poll)
+    assert holds(i, poll["max"]) and poll["sum"] == poll["max"]
+    assert 0.045 <= poll["max"] <= time.monotonic() - t0
+    assert d["time_polling"] == poll["sum"]
+
+
+def test_timer_lateness(tl):
+    """A timer whose deadline passed 0.2 s before the loop got to it."""
+    tl.call_at(tl.time() - 0.2, int)
+    spin(tl)
+    late = tl.diagnostics()["histograms"]["timer_lateness"]
+    i = only_bucket(late)
+    assert holds(i, late["max"]) and 0.2 <= late["max"] < 0.3
+    assert tl.diagnostics()["timers_fired"] == 1
+
+
+def test_scheduling_lag(tl):
+    """A callback queued behind one that blocks for 50 ms waits that long."""
+    def blocker():
+        tl.call_soon(tl.stop)       # queued now, runs in the next batch
+        time.sleep(0.05)
+
+    tl.call_soon(blocker)
+    tideloop.diagnostics.reset(tl)
+    tl.run_forever()
+    lag = tl.diagnostics()["histograms"]["scheduling_lag"]
+    assert sum(lag["counts"]) == 2
+    assert 0.05 <= lag["max"] < 0.2
+    slow = max(i for i, c in enumerate(lag["counts"]) if c)
+    assert holds(slow, lag["max"])
+
+
+def test_callback_timing(tl):
+    tl.call_soon(time.sleep, 0.02)
+    spin(tl)
+    assert tl.diagnostics()["histograms"]["callback"]["counts"] == [0] * 64  # off
+    assert diagnostics.set_callback_timing(True, tl) is False
+    diagnostics.reset(tl)
+    tl.call_soon(time.sleep, 0.02)
+    h = tl.call_soon(int)
+    h.cancel()                      # a cancelled one is not a callback run
+    spin(tl)
+    d = tl.diagnostics()
+    cb = d["histograms"]["callback"]
+    assert d["callback_timing"] is True
+    assert sum(cb["counts"]) == d["callbacks"] == 2     # the sleep, loop.stop
+    assert 0.02 <= cb["max"] < 0.1
+    assert holds(max(i for i, c in enumerate(cb["counts"]) if c), cb["max"])
+    assert diagnostics.set_callback_timing(False, tl) is True
+
+
+def test_reset(tl):
+    spin(tl, 3)
+    since = tl.diagnostics()["since"]
+    diagnostics.reset(tl)
+    d = tl.diagnostics()
+    assert d["iterations"] == 0 and d["since"] > since
+    assert all(h["counts"] == [0] * 64 for h in d["histograms"].values())
+
+
+def test_diff(tl):
+    spin(tl, 2)
+    before = diagnostics.snapshot(tl)
+    tl.call_at(tl.time() - 0.01, int)
+    spin(tl, 3)
+    after = diagnostics.snapshot(tl)
+    d = diagnostics.diff(before, after)
+    assert d["iterations"] == 3 and d["timers_fired"] == 1
+    assert sum(d["histograms"]["iteration"]["counts"]) == 3
+    assert sum(d["histograms"]["timer_lateness"]["counts"]) == 1
+    assert d["time_running"] == pytest.approx(after["time_running"] - before["time_running"])
+    diagnostics.reset(tl)
+    with pytest.raises(ValueError, match="reset"):
+        diagnostics.diff(after, diagnostics.snapshot(tl))
+
+
+def test_summary():
+    b = diagnostics.HISTOGRAM_BOUNDS
+    counts = [0] * 64
+    counts[5], counts[20] = 98, 2          # 98 small values, 2 large ones
+    hist = {"counts": counts, "sum": 1.0, "max": b[20] * 1.1}
+    s = diagnostics.summary(hist)
+    assert s["count"] == 100 and s["mean"] == 0.01
+    assert s["p50"] == s["p90"] == b[6]    # the upper edge of bucket 5
+    assert s["p99"] == b[20] * 1.1         # bucket 20's edge, capped by max
+    assert diagnostics.summary({"counts": [0] * 64, "sum": 0.0, "max": 0.0})["p99"] == 0.0
+
+
+def test_snapshot_needs_a_tideloop_loop():
+    loop = asyncio.SelectorEventLoop()
+    try:
+        with pytest.raises(TypeError, match="tideloop"):
+            diagnostics.snapshot(loop)
+    finally:
+        loop.close()
+    with pytest.raises(RuntimeError):       # no running loop
+        diagnostics.snapshot()
+
+
+def test_snapshot_of_the_running_loop(tl):
+    async def main():
+        return diagnostics.snapshot()["iterations"]
+
+    assert tl.run_until_complete(main()) >= 1
+
+
+def test_reads_from_another_thread(tl):
+    """A scrape thread reads while the loop runs flat out: every snapshot is
+    whole (its histograms' counts never go down, nor its counters)."""
+    diagnostics.set_callback_timing(True, tl)
+    done = threading.Event()
+    seen, errors = [], []
+
+    def scrape():
+        try:
+            while not done.is_set():
+                d = diagnostics.snapshot(tl)
+                seen.append((d["callbacks"], sum(d["histograms"]["callback"]["counts"]),
+                             sum(d["histograms"]["iteration"]["counts"])))
+        except BaseException as e:       # noqa: BLE001 - reported below
+            errors.append(e)
+
+    async def busy():
+        for _ in range(20000):
+            await asyncio.sleep(0)
+
+    th = threading.Thread(target=scrape)
+    th.start()
+    try:
+        tl.run_until_complete(busy())
+    finally:
+        done.set()
+        th.join()
+    assert not errors
+    assert len(seen) > 10
+    for a, b in zip(seen, seen[1:]):
+        assert all(y >= x for x, y in zip(a, b)), (a, b)
+
+
+# -- stalls (the watchdog) ---------------------------------------------------
+
+def threads():
+    """The process's threads, C ones included."""
+    import os
+    return len(os.listdir("/proc/self/task"))
+
+
+def blocker():
+    time.sleep(0.2)
+
+
+def test_a_blocking_callback_is_caught_with_its_line(tl, caplog):
+    before = threads()
+    assert diagnostics.watch_stalls(0.05, tl) is None
+    assert threads() == before + 1
+    tl.call_soon(blocker)
+    with caplog.at_level("WARNING", logger="tideloop.diagnostics"):
+        spin(tl)
+    [report] = diagnostics.stalls(tl)
+    assert 0.15 <= report["duration"] < 1.0
+    assert "blocker()" in report["callback"]
+    filename, lineno, func, line = report["stack"][-1]
+    assert (func, line) == ("blocker", "time.sleep(0.2)")
+    assert filename == __file__
+    assert 0 <= report["capture_delay"] < report["duration"]
+    [record] = [r for r in caplog.records if r.name == "tideloop.diagnostics"]
+    assert record.tideloop_stall is report
+    assert "Event loop blocked for" in record.getMessage()
+    assert "time.sleep(0.2)" in record.getMessage()
+    assert diagnostics.stop_watching_stalls(tl) == 0.05
+    assert threads() == before
+
+
+async def spinner(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_a_cpu_bound_task_step_is_caught(tl):
+    diagnostics.watch_stalls(0.05, tl)
+
+    async def main():
+        await asyncio.sleep(0)
+        await spinner(0.15)
+
+    tl.run_until_complete(main())
+    [report] = diagnostics.stalls(tl)
+    assert report["callback"].startswith("<Task ") and "main()" in report["callback"]
+    assert report["stack"][-1][2] == "spinner"      # on its while or pass line
+    assert report["stack"][-2][2] == "main"
+    assert 0.1 <= report["duration"] < 1.0
+
+
+def test_no_stall_while_idle_or_busy_with_short_callbacks(tl):
+    diagnostics.watch_stalls(0.05, tl)
+
+    async def main():
+        await asyncio.sleep(0.3)            # asleep in the poller
+        for _ in range(30000):              # 30k short steps, > 0.05 s in all
+            await asyncio.sleep(0)
+
+    tl.run_until_complete(main())
+    assert diagnostics.stalls(tl) == []
+
+
+def test_one_report_per_stall(tl):
+    diagnostics.watch_stalls(0.02, tl)
+    tl.call_soon(time.sleep, 0.3)
+    tl.call_soon(time.sleep, 0.1)
+    spin(tl)
+    reports = diagnostics.stalls(tl)
+    assert [r["stack"][-1][2] for r in reports] == ["spin", "spin"]
+    assert reports[0]["duration"] > 0.25 and 0.05 < reports[1]["duration"] < 0.25
+
+
+def test_a_transport_reader_that_blocks(tl):
+    diagnostics.watch_stalls(0.05, tl)
+
+    class Slow(asyncio.Protocol):
+        def data_received(self, data):
+            time.sleep(0.15)
+
+    async def main():
+        srv = await tl.create_server(Slow, "127.0.0.1", 0)
+        r, w = await asyncio.open_connection(*srv.sockets[0].getsockname())
+        w.write(b"x")
+        await asyncio.sleep(0.3)
+        w.close()
+        srv.close()
+        await srv.wait_closed()
+
+    tl.run_until_complete(main())
+    [report] = diagnostics.stalls(tl)
+    assert report["callback"].endswith("._read_ready()")
+    assert report["stack"][-1][2:] == ("data_received", "time.sleep(0.15)")
+
+
+def test_closing_the_loop_stops_the_watchdog():
+    before = threads()
+    loop = tideloop.new_event_loop()
+    diagnostics.watch_stalls(0.05, loop)
+    assert threads() == before + 1
+    loop.close()
+    assert threads() == before
+    with pytest.raises(RuntimeError, match="Event loop is closed"):
+        diagnostics.watch_stalls(0.05, loop)
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), 1e9])
+def test_bad_thresholds(tl, bad):
+    with pytest.raises(ValueError, match="stall threshold"):
+        diagnostics.watch_stalls(bad, tl)
+    with pytest.raises(TypeError):
+        diagnostics.watch_stalls("0.1", tl)
