@@ -17,8 +17,9 @@ interpreter's start-up does not count):
 
 Variants: ``base`` (REV's source, built here in a temporary worktree),
 ``always-on`` (this checkout: counters and histograms that every loop
-keeps), ``timing`` (this checkout with TIDELOOP_CALLBACK_TIMING=1: every
-callback timed).  Exit status 0 only when every run succeeded.
+keeps), ``timing`` (TIDELOOP_DIAGNOSTICS=timing: every callback timed),
+``all`` (TIDELOOP_DIAGNOSTICS=timing,slow=0.1,stalls=0.1: callback timing,
+slow-callback reports and the stall watchdog).  Exit status 0 only when every run succeeded.
 """
 import argparse
 import json
@@ -117,7 +118,9 @@ def main(argv=None):
         build(sys.executable, ROOT)
         variants = [("base", os.path.join(base_tree, "src"), {}),
                     ("always-on", os.path.join(ROOT, "src"), {}),
-                    ("timing", os.path.join(ROOT, "src"), {"TIDELOOP_CALLBACK_TIMING": "1"})]
+                    ("timing", os.path.join(ROOT, "src"), {"TIDELOOP_DIAGNOSTICS": "timing"}),
+                    ("all", os.path.join(ROOT, "src"),
+                     {"TIDELOOP_DIAGNOSTICS": "timing,slow=0.1,stalls=0.1"})]
         for name, src, env in variants:
             row = {}
             for work, fn in (("call_soon", run_micro), ("echo", run_echo)):

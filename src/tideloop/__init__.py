@@ -141,8 +141,6 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         # every wakeup, which allocates a bound method each time; one kept
         # in the instance dict is found first and reused.
         self.call_soon = self.call_soon
-        if os.environ.get("TIDELOOP_CALLBACK_TIMING") == "1":
-            self._set_callback_timing(True)     # tideloop.diagnostics
         self._child_pidfds = {}        # pidfd -> pid of watched children
         self._exited_children = set()  # exited, reaped on the next iteration
         if _compat.LOOP_WATCHERS:
@@ -154,6 +152,13 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
             # 3.13+: listening Unix sockets whose path is unlinked when the
             # server stops (asyncio's create_unix_server fills it in).
             self._unix_server_sockets = {}
+        if os.environ.get("TIDELOOP_DIAGNOSTICS"):
+            from . import diagnostics
+            try:
+                diagnostics._from_environment(self, os.environ["TIDELOOP_DIAGNOSTICS"])
+            except BaseException:
+                self.close()
+                raise
 
     def __repr__(self):
         return (f"<{self.__class__.__name__} running={self.is_running()} "

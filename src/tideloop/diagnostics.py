@@ -22,6 +22,11 @@ gives a histogram's count, mean and percentiles; :func:`reset` starts
 over.  Reads never tear a value: the loop's thread writes each word with a
 relaxed atomic store, readers load it the same way.
 
+``TIDELOOP_DIAGNOSTICS`` turns the optional parts on for every new loop,
+with no change to the program: comma-separated ``timing``,
+``slow=SECONDS`` (:func:`report_slow_callbacks`), ``stalls=SECONDS``
+(:func:`watch_stalls`).
+
 Stalls: :func:`watch_stalls` starts a watchdog thread (in C) for a loop.
 When the loop has been inside one callback for longer than the threshold,
 it captures the loop thread's Python stack at that moment -- the line that
@@ -29,6 +34,12 @@ blocks: a ``time.sleep``, a CPU-bound loop, a blocking socket call -- and
 when the callback returns the stall is reported once: logged on
 :data:`logger` and kept in :func:`stalls` (the last 32).  A loop that is not
 watched pays nothing for this.
+
+Slow callbacks: :func:`report_slow_callbacks` times every callback (debug
+mode not needed) and reports each one that took longer than the
+threshold -- when it was a Task's step, with the Task, its coroutine, its
+await chain and the lines the step started and ended at
+(:func:`slow_callbacks`, and :data:`logger`).
 """
 from __future__ import annotations
 
@@ -36,6 +47,7 @@ import asyncio
 import atexit
 import collections
 import logging
+import os
 import sys
 import time
 import traceback
@@ -46,7 +58,7 @@ from . import _core
 
 __all__ = ["HISTOGRAM_BOUNDS", "snapshot", "reset", "diff", "summary",
            "set_callback_timing", "watch_stalls", "stop_watching_stalls", "stalls",
-           "logger"]
+           "report_slow_callbacks", "slow_callbacks", "logger"]
 
 #: Where stall reports are logged (WARNING, with ``extra={"tideloop_stall":
 #: report}``).
@@ -192,15 +204,116 @@ def _report(loop, what, io_name, duration, started, delay, stack):
     report = {"duration": duration, "started": started, "callback": _describe(what, io_name),
               "stack": stack, "capture_delay": delay}
     _recent.setdefault(loop, collections.deque(maxlen=STALLS_KEPT)).append(report)
-    times = _log_times.setdefault(loop, collections.deque(maxlen=LOG_BURST))
-    now = time.monotonic()
-    if len(times) == LOG_BURST and now - times[0] < 60:
+    if _rate_limited(_log_times, loop):
         return
-    times.append(now)
     where = "".join(traceback.format_list(stack)) if stack else "  (no stack)\n"
     logger.warning("Event loop blocked for %.3f s in %s; stack when caught "
                    "(%.3f s in):\n%s", duration, report["callback"], delay, where.rstrip(),
                    extra={"tideloop_stall": report})
+
+
+# -- slow callbacks ---------------------------------------------------------
+
+_recent_slow = weakref.WeakKeyDictionary()      # loop -> deque of reports
+_slow_log_times = weakref.WeakKeyDictionary()
+
+
+def report_slow_callbacks(threshold=0.1, loop=None):
+    """Report every callback that takes at least ``threshold`` seconds
+    (None: stop).  Turns callback timing on while set.  Returns the
+    previous threshold (None if off)."""
+    return _loop(loop)._set_slow_callback_threshold(threshold)
+
+
+def slow_callbacks(loop=None):
+    """The loop's last slow callbacks, oldest first: dicts with
+    ``duration``, ``callback`` and, for a Task's step, ``task`` (its name),
+    ``coroutine`` (qualified name), ``started`` and ``ended`` (where it was
+    suspended before and after the step: the innermost coroutine outside
+    asyncio's own modules, as (qualified name, filename, line); None when
+    it had not started or is done) and ``await_chain`` (the coroutines it is suspended in,
+    outermost first, as such tuples, then what the innermost one awaits)."""
+    return list(_recent_slow.get(_loop(loop), ()))
+
+
+def _await_chain(task):
+    """Outermost first: (qualname, filename, line) per coroutine frame,
+    then the awaited object's repr as a last item when it is no coroutine."""
+    graph = getattr(asyncio, "capture_call_graph", None)
+    if graph is not None:               # 3.14
+        g = graph(task)
+        if g is None:
+            return []
+        return [(e.frame.f_code.co_qualname, e.frame.f_code.co_filename, e.frame.f_lineno)
+                for e in reversed(g.call_stack)]
+    chain, obj = [], task.get_coro()
+    while obj is not None:
+        frame = getattr(obj, "cr_frame", None) or getattr(obj, "gi_frame", None)
+        if frame is None:
+            if not hasattr(obj, "cr_frame") and not hasattr(obj, "gi_frame"):
+                chain.append("<%s>" % type(obj).__name__)      # a Future, say
+            break
+        chain.append((frame.f_code.co_qualname, frame.f_code.co_filename, frame.f_lineno))
+        obj = getattr(obj, "cr_await", None) or getattr(obj, "gi_yieldfrom", None)
+    return chain
+
+
+def _slow(loop, what, io_name, duration, task, started):
+    """A callback took at least the threshold (called by the loop thread)."""
+    report = {"duration": duration, "callback": _describe(what, io_name)}
+    if task is not None:
+        coro = task.get_coro()
+        chain = _await_chain(task) if not task.done() else []
+        asyncio_dir = os.path.dirname(asyncio.__file__) + os.sep
+        frames = [c for c in chain if not isinstance(c, str)]
+        frames = [c for c in frames if not c[1].startswith(asyncio_dir)] or frames
+        report.update(task=task.get_name(),
+                      coroutine=getattr(coro, "__qualname__", repr(coro)),
+                      started=started, ended=frames[-1] if frames else None,
+                      await_chain=chain)
+    _recent_slow.setdefault(loop, collections.deque(maxlen=STALLS_KEPT)).append(report)
+    if _rate_limited(_slow_log_times, loop):
+        return
+    if task is not None:
+        chain = " -> ".join(c if isinstance(c, str) else _where(c)
+                            for c in report["await_chain"]) or "(done)"
+        logger.warning("Slow callback: %.3f s in a step of task %r (%s) from %s to %s; "
+                       "await chain: %s", duration, report["task"], report["coroutine"],
+                       _where(report["started"]), _where(report["ended"]), chain,
+                       extra={"tideloop_slow_callback": report})
+    else:
+        logger.warning("Slow callback: %.3f s in %s", duration, report["callback"],
+                       extra={"tideloop_slow_callback": report})
+
+
+def _where(w):
+    return "%s (%s:%d)" % w if w else "-"
+
+
+def _rate_limited(table, loop):
+    """True when the loop logged LOG_BURST records in the last minute."""
+    times = table.setdefault(loop, collections.deque(maxlen=LOG_BURST))
+    now = time.monotonic()
+    if len(times) == LOG_BURST and now - times[0] < 60:
+        return True
+    times.append(now)
+    return False
+
+
+def _from_environment(loop, spec):
+    """TIDELOOP_DIAGNOSTICS for each new loop: comma-separated ``timing``,
+    ``slow=SECONDS``, ``stalls=SECONDS``."""
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        name, _, value = item.partition("=")
+        if name == "timing" and not value:
+            set_callback_timing(True, loop)
+        elif name == "slow" and value:
+            report_slow_callbacks(float(value), loop)
+        elif name == "stalls" and value:
+            watch_stalls(float(value), loop)
+        else:
+            raise ValueError("TIDELOOP_DIAGNOSTICS: unknown item %r (timing, slow=SECONDS, "
+                             "stalls=SECONDS)" % item)
 
 
 @atexit.register
@@ -213,4 +326,5 @@ def _stop_all():
             pass
 
 
-_core._diag_setup(_capture, _report)
+_core._diag_setup(_capture, _report, _slow,
+                  os.path.dirname(asyncio.__file__) + os.sep)

@@ -122,6 +122,25 @@ def test_callback_timing(tl):
     assert diagnostics.set_callback_timing(False, tl) is True
 
 
+def test_callback_timing_after_calibration(tl):
+    """Callbacks are timed with the CPU's tick counter once its rate was
+    measured against the clock (50 ms after timing was turned on): a 20 ms
+    callback still lands in the bucket of its length."""
+    diagnostics.set_callback_timing(True, tl)
+    tl.call_later(0.06, tl.stop)
+    tl.run_forever()                        # 60 ms: the rate is measured
+    spin(tl)
+    diagnostics.reset(tl)
+    tl.call_soon(time.sleep, 0.02)
+    t0 = time.monotonic()
+    spin(tl)
+    took = time.monotonic() - t0
+    cb = tl.diagnostics()["histograms"]["callback"]
+    assert sum(cb["counts"]) == 2
+    assert 0.02 <= cb["max"] <= took * 1.05
+    assert holds(max(i for i, c in enumerate(cb["counts"]) if c), cb["max"])
+
+
 def test_reset(tl):
     spin(tl, 3)
     since = tl.diagnostics()["since"]
@@ -213,9 +232,16 @@ def test_reads_from_another_thread(tl):
 # -- stalls (the watchdog) ---------------------------------------------------
 
 def threads():
-    """The process's threads, C ones included."""
-    import os
-    return len(os.listdir("/proc/self/task"))
+    """The process's stall watchdog threads (C threads, named by tideloop)."""
+    import glob
+    names = []
+    for comm in glob.glob("/proc/self/task/*/comm"):
+        try:
+            with open(comm) as f:
+                names.append(f.read().strip())
+        except OSError:         # a thread that just ended
+            pass
+    return names.count("tideloop-watch")
 
 
 def blocker():
@@ -240,7 +266,7 @@ def test_a_blocking_callback_is_caught_with_its_line(tl, caplog):
     assert record.tideloop_stall is report
     assert "Event loop blocked for" in record.getMessage()
     assert "time.sleep(0.2)" in record.getMessage()
-    assert diagnostics.stop_watching_stalls(tl) == 0.05
+    assert diagnostics.stop_watching_stalls(tl) == pytest.approx(0.05)
     assert threads() == before
 
 
@@ -290,7 +316,12 @@ def test_one_report_per_stall(tl):
 def test_a_transport_reader_that_blocks(tl):
     diagnostics.watch_stalls(0.05, tl)
 
+    accepted = []
+
     class Slow(asyncio.Protocol):
+        def connection_made(self, transport):
+            accepted.append(transport)
+
         def data_received(self, data):
             time.sleep(0.15)
 
@@ -300,8 +331,10 @@ def test_a_transport_reader_that_blocks(tl):
         w.write(b"x")
         await asyncio.sleep(0.3)
         w.close()
+        accepted[0].close()
         srv.close()
         await srv.wait_closed()
+        await asyncio.sleep(0)
 
     tl.run_until_complete(main())
     [report] = diagnostics.stalls(tl)
@@ -326,3 +359,76 @@ def test_bad_thresholds(tl, bad):
         diagnostics.watch_stalls(bad, tl)
     with pytest.raises(TypeError):
         diagnostics.watch_stalls("0.1", tl)
+
+
+# -- slow callbacks, attributed ----------------------------------------------
+
+async def slow_inner():
+    await asyncio.sleep(0.01)       # line +1: where the slow step starts
+    time.sleep(0.06)
+    await asyncio.sleep(0.01)       # line +3: where it ends
+
+
+async def slow_outer():
+    await slow_inner()
+
+
+def test_a_slow_task_step_names_the_task_and_its_await_chain(tl, caplog):
+    assert diagnostics.report_slow_callbacks(0.03, tl) is None
+    first = slow_inner.__code__.co_firstlineno
+
+    async def main():
+        await tl.create_task(slow_outer(), name="worker")
+
+    with caplog.at_level("WARNING", logger="tideloop.diagnostics"):
+        tl.run_until_complete(main())
+    [report] = diagnostics.slow_callbacks(tl)
+    assert 0.06 <= report["duration"] < 0.5
+    assert report["task"] == "worker" and report["coroutine"] == "slow_outer"
+    assert report["started"] == ("slow_inner", __file__, first + 1)
+    assert report["ended"] == ("slow_inner", __file__, first + 3)
+    chain = report["await_chain"]
+    assert chain[:2] == [("slow_outer", __file__, slow_outer.__code__.co_firstlineno + 1),
+                         ("slow_inner", __file__, first + 3)]
+    assert chain[2][0] == "sleep"           # asyncio.sleep, then what it awaits
+    assert tl.diagnostics()["slow_callbacks"] == 1
+    assert tl.diagnostics()["callback_timing"] is True
+    [record] = [r for r in caplog.records if r.name == "tideloop.diagnostics"]
+    assert record.tideloop_slow_callback is report
+    msg = record.getMessage()
+    assert "task 'worker'" in msg and "slow_inner" in msg
+    assert diagnostics.report_slow_callbacks(None, tl) == pytest.approx(0.03)
+    assert tl.diagnostics()["callback_timing"] is False
+
+
+def test_a_slow_plain_callback(tl):
+    diagnostics.report_slow_callbacks(0.03, tl)
+    tl.call_soon(blocker)           # 0.2 s
+    tl.call_soon(time.sleep, 0.001)     # under the threshold
+    spin(tl)
+    [report] = diagnostics.slow_callbacks(tl)
+    assert set(report) == {"duration", "callback"}
+    assert "blocker()" in report["callback"] and 0.2 <= report["duration"] < 1.0
+
+
+def test_slow_callback_threshold_errors(tl):
+    with pytest.raises(ValueError, match="slow-callback threshold"):
+        diagnostics.report_slow_callbacks(0, tl)
+    with pytest.raises(TypeError):
+        diagnostics.report_slow_callbacks("1", tl)
+
+
+def test_the_environment_variable_turns_them_on(monkeypatch):
+    monkeypatch.setenv("TIDELOOP_DIAGNOSTICS", "timing, slow=0.03,stalls=0.05")
+    before = threads()
+    loop = tideloop.new_event_loop()
+    try:
+        assert loop.diagnostics()["callback_timing"] is True
+        assert threads() == before + 1
+        assert loop._set_slow_callback_threshold(None) == pytest.approx(0.03)
+    finally:
+        loop.close()
+    assert threads() == before
+    monkeypatch.setenv("TIDELOOP_DIAGNOSTICS", "slow")
+    with pytest.raises(ValueError, match="TIDELOOP_DIAGNOSTICS: unknown item 'slow'"):
+        tideloop.new_event_loop()

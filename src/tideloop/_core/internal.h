@@ -152,6 +152,9 @@ enum {
     X(app_protocol, "_app_protocol") X(write_backlog, "_write_backlog")    \
     X(append, "append") X(server_hostname, "server_hostname")              \
     X(library, "library") X(reason, "reason")                              \
+    X(t_coro, "_coro") X(cr_frame, "cr_frame") X(self_attr, "__self__")    \
+    X(cr_await, "cr_await")                                                \
+    X(PyTask, "_PyTask")                                                   \
     X(verify_code, "verify_code") X(verify_message, "verify_message")      \
     X(app_protocol_get_buffer, "_app_protocol_get_buffer")                 \
     X(app_protocol_buffer_updated, "_app_protocol_buffer_updated")         \
@@ -197,7 +200,10 @@ enum {
     /* watchdog.c, set by tideloop.diagnostics (_diag_setup); NULL before: */  \
     X(diag_capture)    /* (thread_id) -> the thread's stack */            \
     X(diag_report)     /* (loop, what, io_name, duration, since, delay,   \
-                          stack): a stall is over */
+                          stack): a stall is over */                      \
+    X(diag_slow)       /* (loop, what, io_name, duration, task, where):   \
+                          a callback took longer than the threshold */    \
+    X(diag_asyncio_dir)     /* asyncio's directory, with a trailing / */
 
 typedef struct {
 #define TL_DECLARE_TYPE(f) PyTypeObject *f;
@@ -354,7 +360,26 @@ typedef struct {
     tl_hist callback;           /* one callback (only while timing is on) */
     int64_t since_ns;           /* the last reset (or the loop's creation) */
     int timing;                 /* time each callback */
+    int64_t slow_ns;            /* report callbacks this long (0: off; on
+                                   turns timing on) */
+    /* Callback timing reads tl_ticks(); ns_per_tick comes from comparing
+     * it with the monotonic clock since (cal_ns, cal_ticks), taken when
+     * timing was turned on (0: not measured yet, callbacks read the clock). */
+    double ns_per_tick;
+    int64_t cal_ns;
+    uint64_t cal_ticks;
 } tl_health;
+
+/* Callback timing is being turned on: its tick rate is measured anew. */
+static inline void
+tl_health_start_timing(tl_health *h)
+{
+    if (h->timing || h->slow_ns)
+        return;
+    h->ns_per_tick = 0;
+    h->cal_ns = tl_now_ns();
+    h->cal_ticks = tl_ticks();
+}
 
 struct LoopObject {
     PyObject_HEAD
@@ -540,6 +565,10 @@ extern const PyMethodDef tl_tls_module_methods[];
 typedef struct tl_watchdog tl_watchdog;
 void tl_watchdog_stop(LoopObject *loop);
 int tl_stall_report(LoopObject *loop, PyObject *what, const char *io_name);
+PyObject *tl_task_of_step(tl_state *st, PyObject *callback);
+PyObject *tl_task_where(tl_state *st, PyObject *task);
+int tl_slow_report(LoopObject *loop, PyObject *what, const char *io_name, int64_t took_ns,
+                   PyObject *task, PyObject *where);
 extern const PyMethodDef tl_diag_loop_methods[];
 extern const PyMethodDef tl_diag_module_methods[];
 

@@ -355,6 +355,24 @@ run_io_item(LoopObject *self, tl_io_watcher *w, int *entered)
     return rc;
 }
 
+/* ns per tl_ticks() tick, from the monotonic clock and the ticks since
+ * timing was turned on: measured once 50 ms have passed (below that a
+ * microsecond of error would be 2e-5), refined each second after. */
+static void
+calibrate_ticks(tl_health *health, int64_t now_ns)
+{
+    int64_t since = now_ns - health->cal_ns;
+    if (since < 50000000 || (health->ns_per_tick > 0 && since < 1000000000))
+        return;
+    uint64_t ticks = tl_ticks() - health->cal_ticks;
+    if (ticks > 0)
+        health->ns_per_tick = (double)since / (double)ticks;
+    if (since >= 1000000000) {      /* a new base: follows a changing rate */
+        health->cal_ns = now_ns;
+        health->cal_ticks = tl_ticks();
+    }
+}
+
 static int
 run_once(LoopObject *self)
 {
@@ -449,13 +467,20 @@ run_once(LoopObject *self)
             tl_hist_record(&health->lag, start_ns - self->ready.first_ns);
     }
     self->ready.first_ns = 0;
-    int timing = health->timing;
+    int timing = health->timing || health->slow_ns;
+    double ns_per_tick = health->ns_per_tick;
+    uint64_t start_ticks = timing && ns_per_tick > 0 ? tl_ticks() : 0;
     int entered = 0;
     int rc = 0;
     for (size_t i = 0; i < ntodo && self->ready.len; i++) {
         tl_ready_item it = tl_ready_pop(&self->ready);
         tl_io_watcher *w = tl_ready_io(it);
         uint64_t ran_before = health->callbacks;
+        PyObject *task = NULL;      /* with a slow-callback threshold: the */
+        PyObject *task_where = NULL;    /* Task stepped, where it was */
+        if (health->slow_ns && w == NULL &&
+            (task = tl_task_of_step(self->state, ((HandleObject *)it)->callback)) != NULL)
+            task_where = tl_task_where(self->state, task);
         PyObject *held;             /* the item's reference */
         if (__builtin_expect(w == NULL, 1)) {
             held = (PyObject *)it;
@@ -467,11 +492,26 @@ run_once(LoopObject *self)
             rc = run_io_item(self, w, &entered);
         }
         if (timing) {
-            int64_t t = tl_now_ns();
-            if (health->callbacks != ran_before)     /* not a cancelled one */
-                tl_hist_record(&health->callback, t - start_ns);
-            start_ns = t;
+            int64_t took;
+            if (ns_per_tick > 0) {
+                uint64_t t = tl_ticks();
+                took = (int64_t)((double)(t - start_ticks) * ns_per_tick);
+                start_ticks = t;
+            }
+            else {
+                int64_t t = tl_now_ns();
+                took = t - start_ns;
+                start_ns = t;
+            }
+            if (health->callbacks != ran_before) {   /* not a cancelled one */
+                tl_hist_record(&health->callback, took);
+                if (health->slow_ns && took >= health->slow_ns && rc == 0)
+                    rc = tl_slow_report(self, held, w != NULL ? w->name : NULL, took,
+                                        task, task_where);
+            }
         }
+        Py_XDECREF(task);
+        Py_XDECREF(task_where);
         if (__builtin_expect(__atomic_load_n(&self->stall_flag, __ATOMIC_ACQUIRE), 0) &&
             rc == 0)
             rc = tl_stall_report(self, held, w != NULL ? w->name : NULL);
@@ -483,6 +523,8 @@ run_once(LoopObject *self)
     int64_t end_ns = tl_now_ns();
     tl_hist_record(&health->iteration, end_ns - woke_ns);
     tl_count(&health->run_ns, (uint64_t)(end_ns - woke_ns));
+    if (timing)
+        calibrate_ticks(health, end_ns);
     return rc;
 }
 
@@ -1239,7 +1281,7 @@ loop_diagnostics(LoopObject *self, PyObject *Py_UNUSED(ignored))
         "timers", (Py_ssize_t)self->timers.len,
         "fds", (Py_ssize_t)(self->fds_registered - self->fds_internal),
         "backend", tl_poller_name(),
-        "callback_timing", h->timing ? Py_True : Py_False,
+        "callback_timing", h->timing || h->slow_ns ? Py_True : Py_False,
         "since", (double)h->since_ns * 1e-9,
         "histograms", hists);
 }
@@ -1248,9 +1290,12 @@ loop_diagnostics(LoopObject *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 loop_reset_diagnostics(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
-    int timing = self->health.timing;
+    tl_health keep = self->health;
     memset(&self->health, 0, sizeof(self->health));
-    self->health.timing = timing;
+    self->health.timing = keep.timing;
+    self->health.ns_per_tick = keep.ns_per_tick;
+    self->health.cal_ns = keep.cal_ns;
+    self->health.cal_ticks = keep.cal_ticks;
     self->health.since_ns = tl_now_ns();
     Py_RETURN_NONE;
 }
@@ -1264,6 +1309,8 @@ loop_set_callback_timing(LoopObject *self, PyObject *arg)
     if (on < 0)
         return NULL;
     PyObject *prev = PyBool_FromLong(self->health.timing);
+    if (on)
+        tl_health_start_timing(&self->health);
     self->health.timing = on;
     return prev;
 }

@@ -1,6 +1,7 @@
 /* The stall watchdog: a C thread per watched loop that notices the loop has
  * been inside one callback for longer than a threshold, and has the loop
- * thread's Python stack captured at that moment.
+ * thread's Python stack captured at that moment.  And slow callbacks,
+ * attributed to the Task whose step they were (below).
  *
  * The loop pays nothing for it but the progress counters it keeps anyway
  * (health.iterations, health.callbacks: relaxed atomic words) and one test
@@ -156,6 +157,7 @@ watchdog_start(LoopObject *loop, double threshold)
         PyErr_SetFromErrno(PyExc_OSError);
         return -1;
     }
+    pthread_setname_np(wd->thread, "tideloop-watch");     /* in ps, /proc, gdb */
     loop->watchdog = wd;
     return 0;
 }
@@ -182,6 +184,145 @@ tl_stall_report(LoopObject *loop, PyObject *what, const char *io_name)
         return -1;
     Py_DECREF(r);
     return 0;
+}
+
+/* ---- slow callbacks, attributed ----
+ *
+ * With a slow-callback threshold every callback is timed; before a Handle
+ * runs, the Task whose step it is (if any) and where it is suspended are
+ * noted (a few attribute reads: Task steps only), so that a slow step can
+ * be reported with where it started and where it ended. */
+
+static int
+is_task(tl_state *st, PyObject *obj)
+{
+    PyObject *cls = PyDict_GetItemWithError(st->tasks_dict, st->str_Task);
+    if (cls != NULL && PyType_Check(cls) && PyObject_TypeCheck(obj, (PyTypeObject *)cls))
+        return 1;
+    cls = PyDict_GetItemWithError(st->tasks_dict, st->str_PyTask);
+    PyErr_Clear();
+    return cls != NULL && PyType_Check(cls) && PyObject_TypeCheck(obj, (PyTypeObject *)cls);
+}
+
+/* The Task whose step or wakeup `callback` is (a new reference), or NULL
+ * without an exception. */
+PyObject *
+tl_task_of_step(tl_state *st, PyObject *callback)
+{
+    PyObject *self = NULL;
+    if (callback == NULL || PyFunction_Check(callback))
+        return NULL;
+    if (PyMethod_Check(callback))
+        self = Py_NewRef(PyMethod_GET_SELF(callback));
+    else if (PyCFunction_Check(callback))
+        self = Py_XNewRef(PyCFunction_GET_SELF(callback));
+    else if (strstr(Py_TYPE(callback)->tp_name, "MethWrapper") != NULL) {
+        /* _asyncio's TaskStepMethWrapper (and 3.11's TaskWakeupMethWrapper) */
+        self = PyObject_GetAttr(callback, st->str_self_attr);
+        if (self == NULL)
+            PyErr_Clear();
+    }
+    if (self != NULL && !is_task(st, self))
+        Py_CLEAR(self);
+    return self;
+}
+
+/* Is this frame asyncio's own code (asyncio.sleep, a Queue's get)? */
+static int
+in_asyncio(tl_state *st, PyObject *frame)
+{
+    PyCodeObject *code = PyFrame_GetCode((PyFrameObject *)frame);
+    int r = st->diag_asyncio_dir != NULL &&
+            PyUnicode_Tailmatch(code->co_filename, st->diag_asyncio_dir, 0,
+                                PY_SSIZE_T_MAX, -1) == 1;
+    Py_DECREF(code);
+    return r;
+}
+
+/* Where the task is suspended: (qualname, filename, line) of the
+ * innermost coroutine of its await chain that is not asyncio's own code,
+ * or None (a new reference; no error). */
+PyObject *
+tl_task_where(tl_state *st, PyObject *task)
+{
+    PyObject *frame = NULL;
+    PyObject *obj = PyObject_GetAttr(task, st->str_t_coro);
+    for (int depth = 0; obj != NULL && depth < 64; depth++) {
+        PyObject *f = PyObject_GetAttr(obj, st->str_cr_frame);
+        if (f == NULL || !PyFrame_Check(f)) {
+            Py_XDECREF(f);
+            break;
+        }
+        if (frame == NULL || !in_asyncio(st, f))
+            Py_XSETREF(frame, f);
+        else
+            Py_DECREF(f);
+        Py_SETREF(obj, PyObject_GetAttr(obj, st->str_cr_await));
+    }
+    Py_XDECREF(obj);
+    PyErr_Clear();
+    if (frame == NULL)
+        Py_RETURN_NONE;
+    PyCodeObject *code = PyFrame_GetCode((PyFrameObject *)frame);
+    PyObject *where = Py_BuildValue("(OOi)", code->co_qualname, code->co_filename,
+                                    PyFrame_GetLineNumber((PyFrameObject *)frame));
+    Py_DECREF(code);
+    Py_DECREF(frame);
+    if (where == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return where;
+}
+
+/* A callback took took_ns (at least the threshold): tideloop.diagnostics
+ * reports it.  task: the Task whose step it was (or NULL), where: where it
+ * was suspended before the step (tl_task_where, or NULL). */
+int
+tl_slow_report(LoopObject *loop, PyObject *what, const char *io_name, int64_t took_ns,
+               PyObject *task, PyObject *where)
+{
+    tl_state *st = loop->state;
+    tl_count(&loop->health.slow_callbacks, 1);
+    if (st->diag_slow == NULL)
+        return 0;
+    PyObject *r = PyObject_CallFunction(st->diag_slow, "OOzdOO", (PyObject *)loop, what,
+                                        io_name, (double)took_ns * 1e-9,
+                                        task != NULL ? task : Py_None,
+                                        where != NULL ? where : Py_None);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* loop._set_slow_callback_threshold(seconds|None) -> the previous one:
+ * report callbacks that take at least this long (callback timing on). */
+static PyObject *
+loop_set_slow_callback_threshold(LoopObject *self, PyObject *arg)
+{
+    double seconds = 0;
+    if (arg != Py_None) {
+        seconds = PyFloat_AsDouble(arg);
+        if (seconds == -1 && PyErr_Occurred())
+            return NULL;
+        if (!(seconds > 0) || seconds > 86400) {
+            PyErr_SetString(PyExc_ValueError, "the slow-callback threshold must be a number "
+                            "of seconds above 0 (and at most a day), or None");
+            return NULL;
+        }
+        if (self->state->diag_slow == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "import tideloop.diagnostics first");
+            return NULL;
+        }
+    }
+    PyObject *prev = self->health.slow_ns == 0
+                     ? Py_NewRef(Py_None)
+                     : PyFloat_FromDouble((double)self->health.slow_ns * 1e-9);
+    if (prev == NULL)
+        return NULL;
+    if (seconds > 0)
+        tl_health_start_timing(&self->health);
+    self->health.slow_ns = (int64_t)(seconds * 1e9);
+    return prev;
 }
 
 /* loop._set_stall_threshold(seconds|None) -> the previous one (None: not
@@ -219,22 +360,27 @@ loop_set_stall_threshold(LoopObject *self, PyObject *arg)
     return prev;
 }
 
-/* _core._diag_setup(capture, report): tideloop.diagnostics' functions (see
- * the top of this file). */
+/* _core._diag_setup(capture, report, slow, asyncio_dir): tideloop.
+ * diagnostics' functions (see the top of this file and the slow callbacks
+ * above), and the directory of asyncio's own modules. */
 static PyObject *
 diag_setup(PyObject *module, PyObject *args)
 {
     tl_state *st = PyModule_GetState(module);
-    PyObject *cap, *rep;
-    if (!PyArg_ParseTuple(args, "OO:_diag_setup", &cap, &rep))
+    PyObject *cap, *rep, *slow, *dir;
+    if (!PyArg_ParseTuple(args, "OOOU:_diag_setup", &cap, &rep, &slow, &dir))
         return NULL;
+    Py_XSETREF(st->diag_asyncio_dir, Py_NewRef(dir));
     Py_XSETREF(st->diag_capture, Py_NewRef(cap));
     Py_XSETREF(st->diag_report, Py_NewRef(rep));
+    Py_XSETREF(st->diag_slow, Py_NewRef(slow));
     Py_RETURN_NONE;
 }
 
 const PyMethodDef tl_diag_loop_methods[] = {
     {"_set_stall_threshold", (PyCFunction)loop_set_stall_threshold, METH_O, NULL},
+    {"_set_slow_callback_threshold", (PyCFunction)loop_set_slow_callback_threshold, METH_O,
+     NULL},
     {NULL, NULL, 0, NULL},
 };
 
