@@ -294,26 +294,37 @@ tl_slow_report(LoopObject *loop, PyObject *what, const char *io_name, int64_t to
     return r == NULL ? -1 : 0;
 }
 
+/* *seconds = the threshold `arg` gives (0: None, off).  `what` names it in
+ * the error. */
+static int
+parse_threshold(LoopObject *loop, PyObject *arg, const char *what, double *seconds)
+{
+    *seconds = 0;
+    if (arg == Py_None)
+        return 0;
+    *seconds = PyFloat_AsDouble(arg);
+    if (*seconds == -1 && PyErr_Occurred())
+        return -1;
+    if (!(*seconds > 0) || *seconds > 86400) {
+        PyErr_Format(PyExc_ValueError, "the %s threshold must be a number of seconds "
+                     "above 0 (and at most a day), or None", what);
+        return -1;
+    }
+    if (loop->state->diag_report == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "import tideloop.diagnostics first");
+        return -1;
+    }
+    return 0;
+}
+
 /* loop._set_slow_callback_threshold(seconds|None) -> the previous one:
  * report callbacks that take at least this long (callback timing on). */
 static PyObject *
 loop_set_slow_callback_threshold(LoopObject *self, PyObject *arg)
 {
-    double seconds = 0;
-    if (arg != Py_None) {
-        seconds = PyFloat_AsDouble(arg);
-        if (seconds == -1 && PyErr_Occurred())
-            return NULL;
-        if (!(seconds > 0) || seconds > 86400) {
-            PyErr_SetString(PyExc_ValueError, "the slow-callback threshold must be a number "
-                            "of seconds above 0 (and at most a day), or None");
-            return NULL;
-        }
-        if (self->state->diag_slow == NULL) {
-            PyErr_SetString(PyExc_RuntimeError, "import tideloop.diagnostics first");
-            return NULL;
-        }
-    }
+    double seconds;
+    if (parse_threshold(self, arg, "slow-callback", &seconds) < 0)
+        return NULL;
     PyObject *prev = self->health.slow_ns == 0
                      ? Py_NewRef(Py_None)
                      : PyFloat_FromDouble((double)self->health.slow_ns * 1e-9);
@@ -330,23 +341,10 @@ loop_set_slow_callback_threshold(LoopObject *self, PyObject *arg)
 static PyObject *
 loop_set_stall_threshold(LoopObject *self, PyObject *arg)
 {
-    double threshold = 0;
-    if (arg != Py_None) {
-        threshold = PyFloat_AsDouble(arg);
-        if (threshold == -1 && PyErr_Occurred())
-            return NULL;
-        if (!(threshold > 0) || threshold > 86400) {
-            PyErr_SetString(PyExc_ValueError, "the stall threshold must be a number of "
-                            "seconds above 0 (and at most a day), or None");
-            return NULL;
-        }
-        if (self->state->diag_capture == NULL) {
-            PyErr_SetString(PyExc_RuntimeError, "import tideloop.diagnostics first");
-            return NULL;
-        }
-        if (tl_check_closed(self) < 0)
-            return NULL;
-    }
+    double threshold;
+    if (parse_threshold(self, arg, "stall", &threshold) < 0 ||
+        (arg != Py_None && tl_check_closed(self) < 0))
+        return NULL;
     PyObject *prev = self->watchdog == NULL
                      ? Py_NewRef(Py_None)
                      : PyFloat_FromDouble((double)self->watchdog->threshold_ns * 1e-9);
