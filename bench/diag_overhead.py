@@ -45,7 +45,7 @@ loop.run_until_complete(bench_call_soon(loop, int(sys.argv[1])))
 loop.close()
 """
 MICRO_N = (20000, 60000)
-ECHO_SECONDS = (2, 6)
+ECHO_SECONDS = (3, 9)
 
 
 def callgrind(argv, env, workdir, tag):

@@ -326,5 +326,5 @@ def _stop_all():
             pass
 
 
-_core._diag_setup(_capture, _report, _slow,
-                  os.path.dirname(asyncio.__file__) + os.sep)
+_core._diag_setup(_capture, _report, _slow, os.path.dirname(asyncio.__file__) + os.sep,
+                  tuple({asyncio.Task, getattr(asyncio.tasks, "_PyTask", asyncio.Task)}))

@@ -49,11 +49,11 @@ typedef struct {
 } tl_hist;
 
 static inline int
-tl_hist_bucket(int64_t ns)
+tl_hist_bucket(uint64_t ns)
 {
     if (ns < (1 << TL_HIST_FIRST_OCTAVE))
         return 0;
-    int b = 63 - __builtin_clzll((unsigned long long)ns);
+    int b = 63 - __builtin_clzll(ns);
     int i = 1 + 2 * (b - TL_HIST_FIRST_OCTAVE) + (int)((ns >> (b - 1)) & 1);
     return i < TL_HIST_BUCKETS ? i : TL_HIST_BUCKETS - 1;
 }
@@ -74,15 +74,14 @@ tl_hist_lower_ns(int i)
 
 /* Only the loop's thread records into a histogram. */
 static inline void
-tl_hist_record(tl_hist *h, int64_t ns)
+tl_hist_record(tl_hist *h, int64_t value)
 {
-    if (ns < 0)
-        ns = 0;
+    uint64_t ns = value > 0 ? (uint64_t)value : 0;
     uint64_t *c = &h->counts[tl_hist_bucket(ns)];
     TL_ATOMIC_SET(c, *c + 1);
-    TL_ATOMIC_SET(&h->sum_ns, h->sum_ns + (uint64_t)ns);
-    if ((uint64_t)ns > h->max_ns)
-        TL_ATOMIC_SET(&h->max_ns, (uint64_t)ns);
+    TL_ATOMIC_SET(&h->sum_ns, h->sum_ns + ns);
+    if (ns > h->max_ns)
+        TL_ATOMIC_SET(&h->max_ns, ns);
 }
 
 /* A counter that only the loop's thread bumps. */

@@ -154,7 +154,6 @@ enum {
     X(library, "library") X(reason, "reason")                              \
     X(t_coro, "_coro") X(cr_frame, "cr_frame") X(self_attr, "__self__")    \
     X(cr_await, "cr_await")                                                \
-    X(PyTask, "_PyTask")                                                   \
     X(verify_code, "verify_code") X(verify_message, "verify_message")      \
     X(app_protocol_get_buffer, "_app_protocol_get_buffer")                 \
     X(app_protocol_buffer_updated, "_app_protocol_buffer_updated")         \
@@ -203,7 +202,9 @@ enum {
                           stack): a stall is over */                      \
     X(diag_slow)       /* (loop, what, io_name, duration, task, where):   \
                           a callback took longer than the threshold */    \
-    X(diag_asyncio_dir)     /* asyncio's directory, with a trailing / */
+    X(diag_asyncio_dir)     /* asyncio's directory, with a trailing / */  \
+    X(diag_task_types)      /* (asyncio.Task, asyncio.tasks._PyTask) */  \
+    X(diag_not_task_type)   /* the last callback __self__ type not a Task */
 
 typedef struct {
 #define TL_DECLARE_TYPE(f) PyTypeObject *f;

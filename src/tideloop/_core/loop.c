@@ -310,7 +310,8 @@ lock_threadsafe(LoopObject *loop)
     return 0;
 }
 
-static int
+/* Inlined in both batch loops: call_soon's cost is mostly this path. */
+static inline __attribute__((always_inline)) int
 run_handle_item(LoopObject *self, HandleObject *h, int *entered)
 {
     if (h->cancelled)
@@ -353,6 +354,93 @@ run_io_item(LoopObject *self, tl_io_watcher *w, int *entered)
     int rc = run_ready_debug(self, h);
     Py_DECREF(h);
     return rc;
+}
+
+/* The item's run; *held: the reference the queue held (the caller drops
+ * it), *w: its io watcher or NULL. */
+static inline __attribute__((always_inline)) int
+run_item(LoopObject *self, tl_ready_item it, PyObject **held, tl_io_watcher **w,
+         int *entered)
+{
+    *w = tl_ready_io(it);
+    if (__builtin_expect(*w == NULL, 1)) {
+        *held = (PyObject *)it;
+        return run_handle_item(self, (HandleObject *)it, entered);
+    }
+    *held = (*w)->owner;
+    (*w)->queued = 0;
+    return run_io_item(self, *w, entered);
+}
+
+/* After an item ran: the stall the watchdog caught in it, if any. */
+static inline __attribute__((always_inline)) int
+after_item(LoopObject *self, int rc, PyObject *held, tl_io_watcher *w)
+{
+    if (__builtin_expect(__atomic_load_n(&self->stall_flag, __ATOMIC_ACQUIRE), 0) && rc == 0)
+        rc = tl_stall_report(self, held, w != NULL ? w->name : NULL);
+    Py_DECREF(held);
+    return rc;
+}
+
+/* The batch: the ntodo callbacks that were ready when it began. */
+static int
+run_batch(LoopObject *self, size_t ntodo, int *entered)
+{
+    for (size_t i = 0; i < ntodo && self->ready.len; i++) {
+        PyObject *held;
+        tl_io_watcher *w;
+        int rc = run_item(self, tl_ready_pop(&self->ready), &held, &w, entered);
+        if (after_item(self, rc, held, w) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The batch with each callback timed (callback timing or a slow-callback
+ * threshold on; tideloop.diagnostics): the "callback" histogram, and the
+ * report of a slow one -- a Task's step with where it started. */
+static int
+run_batch_timed(LoopObject *self, size_t ntodo, int64_t start_ns, int *entered)
+{
+    tl_health *health = &self->health;
+    /* ns = ticks * ns_per_tick, in 32.32 fixed point (0: not measured yet,
+     * the clock is read instead) */
+    uint64_t tick_ns = (uint64_t)(health->ns_per_tick * 4294967296.0);
+    uint64_t start_ticks = tick_ns ? tl_ticks() : 0;
+    int64_t slow_ns = health->slow_ns;      /* a change counts from the next batch */
+    for (size_t i = 0; i < ntodo && self->ready.len; i++) {
+        tl_ready_item it = tl_ready_pop(&self->ready);
+        uint64_t ran_before = health->callbacks;
+        PyObject *task = NULL, *task_where = NULL;
+        if (slow_ns && tl_ready_io(it) == NULL &&
+            (task = tl_task_of_step(self->state, ((HandleObject *)it)->callback)) != NULL)
+            task_where = tl_task_where(self->state, task);
+        PyObject *held;
+        tl_io_watcher *w;
+        int rc = run_item(self, it, &held, &w, entered);
+        int64_t took;
+        if (tick_ns) {
+            uint64_t t = tl_ticks();
+            took = (int64_t)(((unsigned __int128)(t - start_ticks) * tick_ns) >> 32);
+            start_ticks = t;
+        }
+        else {
+            int64_t t = tl_now_ns();
+            took = t - start_ns;
+            start_ns = t;
+        }
+        if (health->callbacks != ran_before) {      /* not a cancelled one */
+            tl_hist_record(&health->callback, took);
+            if (slow_ns && took >= slow_ns && rc == 0)
+                rc = tl_slow_report(self, held, w != NULL ? w->name : NULL, took, task,
+                                    task_where);
+        }
+        Py_XDECREF(task);
+        Py_XDECREF(task_where);
+        if (after_item(self, rc, held, w) < 0)
+            return -1;
+    }
+    return 0;
 }
 
 /* ns per tl_ticks() tick, from the monotonic clock and the ticks since
@@ -468,57 +556,9 @@ run_once(LoopObject *self)
     }
     self->ready.first_ns = 0;
     int timing = health->timing || health->slow_ns;
-    double ns_per_tick = health->ns_per_tick;
-    uint64_t start_ticks = timing && ns_per_tick > 0 ? tl_ticks() : 0;
     int entered = 0;
-    int rc = 0;
-    for (size_t i = 0; i < ntodo && self->ready.len; i++) {
-        tl_ready_item it = tl_ready_pop(&self->ready);
-        tl_io_watcher *w = tl_ready_io(it);
-        uint64_t ran_before = health->callbacks;
-        PyObject *task = NULL;      /* with a slow-callback threshold: the */
-        PyObject *task_where = NULL;    /* Task stepped, where it was */
-        if (health->slow_ns && w == NULL &&
-            (task = tl_task_of_step(self->state, ((HandleObject *)it)->callback)) != NULL)
-            task_where = tl_task_where(self->state, task);
-        PyObject *held;             /* the item's reference */
-        if (__builtin_expect(w == NULL, 1)) {
-            held = (PyObject *)it;
-            rc = run_handle_item(self, (HandleObject *)it, &entered);
-        }
-        else {
-            held = w->owner;
-            w->queued = 0;
-            rc = run_io_item(self, w, &entered);
-        }
-        if (timing) {
-            int64_t took;
-            if (ns_per_tick > 0) {
-                uint64_t t = tl_ticks();
-                took = (int64_t)((double)(t - start_ticks) * ns_per_tick);
-                start_ticks = t;
-            }
-            else {
-                int64_t t = tl_now_ns();
-                took = t - start_ns;
-                start_ns = t;
-            }
-            if (health->callbacks != ran_before) {   /* not a cancelled one */
-                tl_hist_record(&health->callback, took);
-                if (health->slow_ns && took >= health->slow_ns && rc == 0)
-                    rc = tl_slow_report(self, held, w != NULL ? w->name : NULL, took,
-                                        task, task_where);
-            }
-        }
-        Py_XDECREF(task);
-        Py_XDECREF(task_where);
-        if (__builtin_expect(__atomic_load_n(&self->stall_flag, __ATOMIC_ACQUIRE), 0) &&
-            rc == 0)
-            rc = tl_stall_report(self, held, w != NULL ? w->name : NULL);
-        Py_DECREF(held);
-        if (rc < 0)
-            break;
-    }
+    int rc = timing ? run_batch_timed(self, ntodo, start_ns, &entered)
+                    : run_batch(self, ntodo, &entered);
     tl_batch_exit(self, &entered);
     int64_t end_ns = tl_now_ns();
     tl_hist_record(&health->iteration, end_ns - woke_ns);

@@ -193,15 +193,15 @@ tl_stall_report(LoopObject *loop, PyObject *what, const char *io_name)
  * noted (a few attribute reads: Task steps only), so that a slow step can
  * be reported with where it started and where it ended. */
 
+/* An instance of asyncio's C or Python Task (st->diag_task_types)? */
 static int
 is_task(tl_state *st, PyObject *obj)
 {
-    PyObject *cls = PyDict_GetItemWithError(st->tasks_dict, st->str_Task);
-    if (cls != NULL && PyType_Check(cls) && PyObject_TypeCheck(obj, (PyTypeObject *)cls))
-        return 1;
-    cls = PyDict_GetItemWithError(st->tasks_dict, st->str_PyTask);
-    PyErr_Clear();
-    return cls != NULL && PyType_Check(cls) && PyObject_TypeCheck(obj, (PyTypeObject *)cls);
+    PyObject *types = st->diag_task_types;
+    for (Py_ssize_t i = 0; types != NULL && i < PyTuple_GET_SIZE(types); i++)
+        if (PyObject_TypeCheck(obj, (PyTypeObject *)PyTuple_GET_ITEM(types, i)))
+            return 1;
+    return 0;
 }
 
 /* The Task whose step or wakeup `callback` is (a new reference), or NULL
@@ -222,8 +222,15 @@ tl_task_of_step(tl_state *st, PyObject *callback)
         if (self == NULL)
             PyErr_Clear();
     }
-    if (self != NULL && !is_task(st, self))
+    if (self == NULL)
+        return NULL;
+    /* The last type that was no Task: a batch of one kind of callback
+     * (say bound methods of one object) is told apart in a compare. */
+    if ((PyObject *)Py_TYPE(self) == st->diag_not_task_type || !is_task(st, self)) {
+        if ((PyObject *)Py_TYPE(self) != st->diag_not_task_type)
+            Py_XSETREF(st->diag_not_task_type, Py_NewRef((PyObject *)Py_TYPE(self)));
         Py_CLEAR(self);
+    }
     return self;
 }
 
@@ -358,17 +365,25 @@ loop_set_stall_threshold(LoopObject *self, PyObject *arg)
     return prev;
 }
 
-/* _core._diag_setup(capture, report, slow, asyncio_dir): tideloop.
- * diagnostics' functions (see the top of this file and the slow callbacks
- * above), and the directory of asyncio's own modules. */
+/* _core._diag_setup(capture, report, slow, asyncio_dir, task_types):
+ * tideloop.diagnostics' functions (see the top of this file and the slow
+ * callbacks above), the directory of asyncio's own modules and the Task
+ * classes (C and Python). */
 static PyObject *
 diag_setup(PyObject *module, PyObject *args)
 {
     tl_state *st = PyModule_GetState(module);
-    PyObject *cap, *rep, *slow, *dir;
-    if (!PyArg_ParseTuple(args, "OOOU:_diag_setup", &cap, &rep, &slow, &dir))
+    PyObject *cap, *rep, *slow, *dir, *types;
+    if (!PyArg_ParseTuple(args, "OOOUO!:_diag_setup", &cap, &rep, &slow, &dir,
+                          &PyTuple_Type, &types))
         return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(types); i++)
+        if (!PyType_Check(PyTuple_GET_ITEM(types, i))) {
+            PyErr_SetString(PyExc_TypeError, "_diag_setup: task types must be types");
+            return NULL;
+        }
     Py_XSETREF(st->diag_asyncio_dir, Py_NewRef(dir));
+    Py_XSETREF(st->diag_task_types, Py_NewRef(types));
     Py_XSETREF(st->diag_capture, Py_NewRef(cap));
     Py_XSETREF(st->diag_report, Py_NewRef(rep));
     Py_XSETREF(st->diag_slow, Py_NewRef(slow));
