@@ -12,8 +12,11 @@ interpreter's start-up does not count):
   call_soon(noop) in batches of 1,000 per loop iteration, all run;
   instructions per call_soon + run.
 * echo      -- ``bench/echo_servers.py --kind protocol`` (Protocol echo)
-  served to ``bench/bin/loadgen`` (10 connections, 1 KiB), for two
-  durations; instructions per request (server process only).
+  served to ``bench/bin/loadgen`` (1 KiB on one connection: one request
+  per loop iteration, so that the count per request does not move with
+  how many requests an iteration happens to batch -- and the loop's own
+  per-iteration work is not shared out), for two durations; instructions
+  per request (server process only).
 
 Variants: ``base`` (REV's source, built here in a temporary worktree),
 ``always-on`` (this checkout: counters and histograms that every loop
@@ -82,7 +85,7 @@ def run_echo(python, src, extra_env, workdir, tag):
                 raise RuntimeError(f"echo server not ready: {line!r}")
             gen = subprocess.run(
                 [os.path.join(HERE, "bin", "loadgen"), "127.0.0.1", m.group(1),
-                 "--conns", "10", "--size", "1024", "--duration", str(seconds)],
+                 "--conns", "1", "--size", "1024", "--duration", str(seconds)],
                 capture_output=True, text=True, timeout=seconds + 120, check=True)
             result = json.loads(gen.stdout.strip().splitlines()[-1])
             if result["errors"]:

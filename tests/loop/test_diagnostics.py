@@ -432,3 +432,20 @@ def test_the_environment_variable_turns_them_on(monkeypatch):
     monkeypatch.setenv("TIDELOOP_DIAGNOSTICS", "slow")
     with pytest.raises(ValueError, match="TIDELOOP_DIAGNOSTICS: unknown item 'slow'"):
         tideloop.new_event_loop()
+
+
+def test_the_readme_walkthrough_finds_its_planted_fault():
+    """examples/slow_service.py (README's "Diagnosing a slow service"): its
+    own verdict checks that the stall's stack ends on the hidden blocking
+    call and that the slow steps are the handler's."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.path.join(root, "src"))
+    env.pop("TIDELOOP_DIAGNOSTICS", None)
+    proc = subprocess.run([sys.executable, os.path.join(root, "examples", "slow_service.py")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "verdict: OK" in proc.stdout
+    assert "Event loop blocked for" in proc.stdout and "time.sleep(0.12)" in proc.stdout

@@ -1,0 +1,92 @@
+"""A slow service, diagnosed: the walk-through of README's "Diagnosing a slow
+service", run for real.
+
+An asyncio.start_server echo service whose handler hides a blocking call
+(a synchronous "cache lookup" that sleeps 120 ms every 20th request) is
+served on tideloop with TIDELOOP_DIAGNOSTICS-style settings made in code:
+the stall watchdog at 50 ms and slow-callback reports at 30 ms.  A client
+sends 60 requests.  The script prints what each tool shows (the log
+records, the stall's stack, the slow step's task and await chain, the
+health summary) and exits 1 unless the tools found the planted fault: the
+stall's stack ends on the blocking line and the slow step is the handler's.
+
+    PYTHONPATH=src python examples/slow_service.py
+"""
+import asyncio
+import logging
+import sys
+import time
+
+import tideloop
+from tideloop import diagnostics
+
+
+def cache_lookup(key):
+    if key % 20 == 19:
+        time.sleep(0.12)            # the hidden blocking call
+    return key
+
+
+HANDLED = []
+
+
+async def handle(reader, writer):
+    while line := await reader.readline():
+        key = int(line)
+        value = cache_lookup(key)
+        writer.write(b"%d\n" % value)
+        await writer.drain()
+    writer.close()
+    await writer.wait_closed()
+    HANDLED.append(True)
+
+
+async def main():
+    loop = asyncio.get_running_loop()
+    diagnostics.watch_stalls(0.05)
+    diagnostics.report_slow_callbacks(0.03)
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname())
+    before = diagnostics.snapshot()
+    for i in range(60):
+        writer.write(b"%d\n" % i)
+        assert int(await reader.readline()) == i
+    after = diagnostics.snapshot()
+    writer.close()
+    await writer.wait_closed()
+    while not HANDLED:              # the handler sees the end and returns
+        await asyncio.sleep(0.01)
+    server.close()
+    await server.wait_closed()
+    return loop, diagnostics.diff(before, after)
+
+
+def fmt(summary):
+    return ", ".join("%s %.3g ms" % (k, v * 1e3) for k, v in summary.items() if k != "count")
+
+
+if __name__ == "__main__":
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    loop = tideloop.new_event_loop()
+    try:
+        loop, health = loop.run_until_complete(main())
+        stalls = diagnostics.stalls(loop)
+        slow = diagnostics.slow_callbacks(loop)
+    finally:
+        loop.close()
+    print("\n== health over the 60 requests (tideloop.diagnostics.diff + summary)")
+    print("iterations %d, callbacks %d, io_events %d, time running %.3f s, polling %.3f s"
+          % (health["iterations"], health["callbacks"], health["io_events"],
+             health["time_running"], health["time_polling"]))
+    for name in ("iteration", "scheduling_lag", "callback"):
+        s = diagnostics.summary(health["histograms"][name])
+        print("%-15s count %d: %s" % (name, s["count"], fmt(s)))
+    print("\n== stalls(): %d" % len(stalls))
+    print("\n== slow_callbacks(): %d" % len(slow))
+    line = "time.sleep(0.12)            # the hidden blocking call"
+    ok = (len(stalls) == 3 and all(r["stack"] and r["stack"][-1][3] == line and
+                                   r["stack"][-2][2] == "handle" for r in stalls)
+          and len(slow) == 3 and all(r.get("coroutine") == "handle" and
+                                     r["started"][0] == "handle" for r in slow))
+    print("verdict:", "OK" if ok else "FAILED")
+    sys.exit(0 if ok else 1)
