@@ -58,7 +58,7 @@ from . import _core
 
 __all__ = ["HISTOGRAM_BOUNDS", "snapshot", "reset", "diff", "summary",
            "set_callback_timing", "watch_stalls", "stop_watching_stalls", "stalls",
-           "report_slow_callbacks", "slow_callbacks", "logger"]
+           "report_slow_callbacks", "slow_callbacks", "logger", "PrometheusCollector"]
 
 #: Where stall reports are logged (WARNING, with ``extra={"tideloop_stall":
 #: report}``).
@@ -203,6 +203,7 @@ def _report(loop, what, io_name, duration, started, delay, stack):
     """A stall is over (called by the loop thread after the callback)."""
     report = {"duration": duration, "started": started, "callback": _describe(what, io_name),
               "stack": stack, "capture_delay": delay}
+    _stall_totals[loop] = _stall_totals.get(loop, 0) + 1
     _recent.setdefault(loop, collections.deque(maxlen=STALLS_KEPT)).append(report)
     if _rate_limited(_log_times, loop):
         return
@@ -210,6 +211,76 @@ def _report(loop, what, io_name, duration, started, delay, stack):
     logger.warning("Event loop blocked for %.3f s in %s; stack when caught "
                    "(%.3f s in):\n%s", duration, report["callback"], delay, where.rstrip(),
                    extra={"tideloop_stall": report})
+
+
+# -- export -----------------------------------------------------------------
+
+_stall_totals = weakref.WeakKeyDictionary()     # loop -> stalls reported
+
+
+class PrometheusCollector:
+    """A ``prometheus_client`` collector of loops' health (``pip install
+    tideloop[prometheus]``)::
+
+        from prometheus_client import REGISTRY
+        REGISTRY.register(tideloop.diagnostics.PrometheusCollector({"main": loop}))
+
+    ``loops``: {label: loop} (the ``loop`` label of every sample).  Each
+    scrape takes one snapshot per loop, from the scraping thread.
+    Counters: ``tideloop_loop_<counter>_total`` and
+    ``tideloop_loop_seconds_{polling,running}_total``; gauges:
+    ``tideloop_loop_{ready,timers,fds}``; histograms (seconds, the loop's
+    own buckets as ``le`` bounds): ``tideloop_loop_<histogram>_seconds``;
+    ``tideloop_loop_stalls_total`` counts the stalls reported."""
+
+    def __init__(self, loops):
+        from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                            HistogramMetricFamily)
+        self._families = (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily)
+        self._loops = dict(loops)
+        for loop in self._loops.values():
+            _loop(loop)
+
+    def collect(self):
+        counter, gauge, histogram = self._families
+        snaps = [(label, loop, loop._diagnostics()) for label, loop in self._loops.items()]
+        doc = {"iterations": "loop iterations", "polls": "calls to the poller",
+               "callbacks": "callbacks run", "io_events": "I/O events dispatched",
+               "timers_fired": "timers that fired",
+               "slow_callbacks": "callbacks over the slow-callback threshold"}
+        for key, text in doc.items():
+            m = counter("tideloop_loop_" + key, text, labels=["loop"])
+            for label, _, d in snaps:
+                m.add_metric([label], d[key])
+            yield m
+        for key, text in (("polling", "seconds blocked in the poller"),
+                          ("running", "seconds running (the rest of each iteration)")):
+            m = counter("tideloop_loop_seconds_" + key, text, labels=["loop"])
+            for label, _, d in snaps:
+                m.add_metric([label], d["time_" + key])
+            yield m
+        m = counter("tideloop_loop_stalls", "stalls reported by the watchdog", labels=["loop"])
+        for label, loop, _ in snaps:
+            m.add_metric([label], _stall_totals.get(loop, 0))
+        yield m
+        for key, text in (("ready", "callbacks queued"), ("timers", "timers scheduled"),
+                          ("fds", "file descriptors watched")):
+            m = gauge("tideloop_loop_" + key, text, labels=["loop"])
+            for label, _, d in snaps:
+                m.add_metric([label], d[key])
+            yield m
+        for name in ("iteration", "poll", "scheduling_lag", "timer_lateness", "callback"):
+            m = histogram("tideloop_loop_%s_seconds" % name, "the loop's %s histogram"
+                          % name.replace("_", " "), labels=["loop"])
+            for label, _, d in snaps:
+                h = d["histograms"][name]
+                buckets, seen = [], 0
+                for i, c in enumerate(h["counts"][:-1]):
+                    seen += c
+                    buckets.append((repr(HISTOGRAM_BOUNDS[i + 1]), seen))
+                buckets.append(("+Inf", seen + h["counts"][-1]))
+                m.add_metric([label], buckets, h["sum"])
+            yield m
 
 
 # -- slow callbacks ---------------------------------------------------------

@@ -453,3 +453,39 @@ def test_the_readme_walkthrough_finds_its_planted_fault():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verdict: OK" in proc.stdout
     assert "Event loop blocked for" in proc.stdout and "time.sleep(0.12)" in proc.stdout
+
+
+def test_prometheus_collector(tl):
+    """A scrape through prometheus_client's own registry and text format,
+    parsed back with its parser: every value is the snapshot's."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+    diagnostics.watch_stalls(0.03, tl)
+    tl.call_at(tl.time() - 0.01, int)
+    tl.call_soon(time.sleep, 0.1)
+    spin(tl, 3)
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(diagnostics.PrometheusCollector({"main": tl}))
+    text = prometheus_client.generate_latest(registry).decode()
+    d = tl.diagnostics()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    def value(name, **labels):
+        return samples[(name, tuple(sorted(dict(labels, loop="main").items())))]
+
+    assert value("tideloop_loop_iterations_total") == d["iterations"] == 3
+    assert value("tideloop_loop_timers_fired_total") == 1
+    assert value("tideloop_loop_stalls_total") == len(diagnostics.stalls(tl)) == 1
+    assert value("tideloop_loop_seconds_running_total") == pytest.approx(d["time_running"])
+    assert value("tideloop_loop_ready") == 0 and value("tideloop_loop_fds") == 0
+    it = d["histograms"]["iteration"]
+    assert value("tideloop_loop_iteration_seconds_count") == sum(it["counts"]) == 3
+    assert value("tideloop_loop_iteration_seconds_sum") == pytest.approx(it["sum"])
+    # the bucket holding the 0.1 s iteration, and every one above, count it
+    bounds = diagnostics.HISTOGRAM_BOUNDS
+    le = next(b for b in bounds if b > it["max"])
+    assert value("tideloop_loop_iteration_seconds_bucket", le=repr(le)) == 3
+    below = bounds[bounds.index(le) - 1]
+    assert value("tideloop_loop_iteration_seconds_bucket", le=repr(below)) == 2
+    assert value("tideloop_loop_iteration_seconds_bucket", le="+Inf") == 3
