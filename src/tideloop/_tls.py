@@ -130,7 +130,7 @@ def _prove():
     if why is not None:
         return "server: " + why
     # Round trip: a ClientHello written by C shows in Python's MemoryBIO.
-    if _core._tls_handshake_step(client._sslobj, b"") != 2:      # WANT_READ
+    if _core._tls_handshake_step(client._sslobj) != 2:      # WANT_READ
         return "SSL_do_handshake from C did not want to read"
     hello = c_out.read()
     if hello[:1] != b"\x16" or len(hello) < 50:

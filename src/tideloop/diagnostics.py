@@ -68,6 +68,8 @@ logger = logging.getLogger("tideloop.diagnostics")
 #: two buckets per power of two of nanoseconds, the last one open-ended.
 HISTOGRAM_BOUNDS = _core.HISTOGRAM_BOUNDS
 
+_ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
+
 _COUNTERS = ("iterations", "polls", "callbacks", "io_events", "timers_fired",
              "slow_callbacks", "time_polling", "time_running")
 
@@ -335,9 +337,8 @@ def _slow(loop, what, io_name, duration, task, started):
     if task is not None:
         coro = task.get_coro()
         chain = _await_chain(task) if not task.done() else []
-        asyncio_dir = os.path.dirname(asyncio.__file__) + os.sep
         frames = [c for c in chain if not isinstance(c, str)]
-        frames = [c for c in frames if not c[1].startswith(asyncio_dir)] or frames
+        frames = [c for c in frames if not c[1].startswith(_ASYNCIO_DIR)] or frames
         report.update(task=task.get_name(),
                       coroutine=getattr(coro, "__qualname__", repr(coro)),
                       started=started, ended=frames[-1] if frames else None,
@@ -397,5 +398,5 @@ def _stop_all():
             pass
 
 
-_core._diag_setup(_capture, _report, _slow, os.path.dirname(asyncio.__file__) + os.sep,
+_core._diag_setup(_capture, _report, _slow, _ASYNCIO_DIR,
                   tuple({asyncio.Task, getattr(asyncio.tasks, "_PyTask", asyncio.Task)}))

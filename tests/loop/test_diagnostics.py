@@ -144,10 +144,16 @@ def test_callback_timing_after_calibration(tl):
 def test_reset(tl):
     spin(tl, 3)
     since = tl.diagnostics()["since"]
+    diagnostics.report_slow_callbacks(0.03, tl)
     diagnostics.reset(tl)
     d = tl.diagnostics()
     assert d["iterations"] == 0 and d["since"] > since
     assert all(h["counts"] == [0] * 64 for h in d["histograms"].values())
+    # the settings stay: the slow-callback threshold still reports
+    assert d["callback_timing"] is True
+    tl.call_soon(time.sleep, 0.05)
+    spin(tl)
+    assert len(diagnostics.slow_callbacks(tl)) == 1
 
 
 def test_diff(tl):

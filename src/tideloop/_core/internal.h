@@ -20,6 +20,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -359,6 +360,7 @@ typedef struct {
                                    batch, from being queued to the batch */
     tl_hist lateness;           /* a timer: from its deadline to being queued */
     tl_hist callback;           /* one callback (only while timing is on) */
+    /* Not reset: everything from here on (TL_HEALTH_RESET_SIZE). */
     int64_t since_ns;           /* the last reset (or the loop's creation) */
     int timing;                 /* time each callback */
     int64_t slow_ns;            /* report callbacks this long (0: off; on
@@ -370,6 +372,9 @@ typedef struct {
     int64_t cal_ns;
     uint64_t cal_ticks;
 } tl_health;
+
+/* What _reset_diagnostics zeroes: the counters and histograms. */
+#define TL_HEALTH_RESET_SIZE offsetof(tl_health, since_ns)
 
 /* Callback timing is being turned on: its tick rate is measured anew. */
 static inline void

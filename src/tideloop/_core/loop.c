@@ -1272,7 +1272,7 @@ loop_make_handle(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* One histogram as plain data: {"counts": [64 ints], "sum": seconds,
- * "max": seconds}; the bucket bounds are _core.histogram_bounds(). */
+ * "max": seconds}; the buckets' lower bounds are _core.HISTOGRAM_BOUNDS. */
 static PyObject *
 hist_to_dict(const tl_hist *h)
 {
@@ -1326,22 +1326,18 @@ loop_diagnostics(LoopObject *self, PyObject *Py_UNUSED(ignored))
         "histograms", hists);
 }
 
-/* loop._reset_diagnostics(): counters and histograms back to zero. */
+/* loop._reset_diagnostics(): counters and histograms back to zero (the
+ * settings stay). */
 static PyObject *
 loop_reset_diagnostics(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
-    tl_health keep = self->health;
-    memset(&self->health, 0, sizeof(self->health));
-    self->health.timing = keep.timing;
-    self->health.ns_per_tick = keep.ns_per_tick;
-    self->health.cal_ns = keep.cal_ns;
-    self->health.cal_ticks = keep.cal_ticks;
+    memset(&self->health, 0, TL_HEALTH_RESET_SIZE);
     self->health.since_ns = tl_now_ns();
     Py_RETURN_NONE;
 }
 
 /* loop._set_callback_timing(on) -> the previous setting: time each
- * callback (the "callback" histogram), at a clock read per callback. */
+ * callback (the "callback" histogram), at a tick-counter read per callback. */
 static PyObject *
 loop_set_callback_timing(LoopObject *self, PyObject *arg)
 {

@@ -1392,32 +1392,32 @@ tls_prove(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* _tls_handshake_step(sslsock, data) -> SSL_get_error() code of one
- * SSL_do_handshake() after data was written into its incoming BIO, all
- * done through the openssl route (the proof's round trip). */
+/* The SSL* of an _SSLSocket for the proof's steps, its error queue
+ * cleared; NULL with an exception when the route's pieces are missing
+ * (errors: raise_ssl_error's tables needed too). */
+static void *
+proof_ssl(tl_state *st, PyObject *sock, int errors)
+{
+    if (!st->ossl_loaded || (errors && st->tls_errtab == NULL) ||
+        !Py_IS_TYPE(sock, (PyTypeObject *)st->tls_sslsocket_type)) {
+        PyErr_SetString(PyExc_RuntimeError, "OpenSSL functions or _ssl's errors not found");
+        return NULL;
+    }
+    st->ossl.ERR_clear_error();
+    return field_ptr(sock, TL_SSLSOCKET_SSL_OFFSET);
+}
+
+/* _tls_handshake_step(sslsock) -> SSL_get_error() code of one
+ * SSL_do_handshake() through the openssl route (the proof's round trip). */
 static PyObject *
-tls_handshake_step(PyObject *module, PyObject *args)
+tls_handshake_step(PyObject *module, PyObject *sock)
 {
     tl_state *st = PyModule_GetState(module);
-    PyObject *sock;
-    Py_buffer data;
-    if (!PyArg_ParseTuple(args, "Oy*:_tls_handshake_step", &sock, &data))
+    void *ssl = proof_ssl(st, sock, 0);
+    if (ssl == NULL)
         return NULL;
-    if (!st->ossl_loaded || !Py_IS_TYPE(sock, (PyTypeObject *)st->tls_sslsocket_type)) {
-        PyBuffer_Release(&data);
-        PyErr_SetString(PyExc_RuntimeError, "OpenSSL functions not loaded");
-        return NULL;
-    }
-    const tl_ossl *o = &st->ossl;
-    void *ssl = field_ptr(sock, TL_SSLSOCKET_SSL_OFFSET);
-    if (data.len > 0 && o->BIO_write(o->SSL_get_rbio(ssl), data.buf, (int)data.len) != data.len) {
-        PyBuffer_Release(&data);
-        return PyErr_NoMemory();
-    }
-    PyBuffer_Release(&data);
-    o->ERR_clear_error();
-    int ret = o->SSL_do_handshake(ssl);
-    return PyLong_FromLong(ret == 1 ? 0 : o->SSL_get_error(ssl, ret));
+    int ret = st->ossl.SSL_do_handshake(ssl);
+    return PyLong_FromLong(ret == 1 ? 0 : st->ossl.SSL_get_error(ssl, ret));
 }
 
 /* _tls_errors(_ssl, expected, read_line, write_line, names) -> None when
@@ -1514,14 +1514,10 @@ tls_fail_step(PyObject *module, PyObject *args)
     int write;
     if (!PyArg_ParseTuple(args, "Op:_tls_fail_step", &sock, &write))
         return NULL;
-    if (!st->ossl_loaded || st->tls_errtab == NULL ||
-        !Py_IS_TYPE(sock, (PyTypeObject *)st->tls_sslsocket_type)) {
-        PyErr_SetString(PyExc_RuntimeError, "OpenSSL functions or _ssl's errors not found");
+    void *ssl = proof_ssl(st, sock, 1);
+    if (ssl == NULL)
         return NULL;
-    }
     const tl_ossl *o = &st->ossl;
-    void *ssl = field_ptr(sock, TL_SSLSOCKET_SSL_OFFSET);
-    o->ERR_clear_error();
     if (eof_already_raised(st, sock))
         return NULL;
     char buf[64];
@@ -1594,7 +1590,7 @@ set_tls_route(PyObject *module, PyObject *name)
 const PyMethodDef tl_tls_module_methods[] = {
     {"_tls_setup", tls_setup, METH_VARARGS, NULL},
     {"_tls_prove", tls_prove, METH_VARARGS, NULL},
-    {"_tls_handshake_step", tls_handshake_step, METH_VARARGS, NULL},
+    {"_tls_handshake_step", tls_handshake_step, METH_O, NULL},
     {"_tls_errors", tls_errors, METH_VARARGS, NULL},
     {"_tls_fail_step", tls_fail_step, METH_VARARGS, NULL},
     {"_tls_eof_flag", tls_eof_flag, METH_O, NULL},
