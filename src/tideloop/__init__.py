@@ -123,6 +123,11 @@ def _reap_quietly(pid):
         pass
 
 
+# Every tideloop loop alive, for tideloop.diagnostics.loops() (the live
+# view lists them without the program naming them).
+_LOOPS = weakref.WeakSet()
+
+
 class Loop(_core.Loop, asyncio.AbstractEventLoop):
     """The tideloop event loop: asyncio's behaviour, in C."""
 
@@ -135,6 +140,7 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
     _old_wakeup_fd = None
 
     def __init__(self):
+        _LOOPS.add(self)
         self._asyncgens = weakref.WeakSet()
         self._set_debug_flag(_compat.is_debug_mode())
         # CPython's C Task looks up loop.call_soon with a plain getattr on

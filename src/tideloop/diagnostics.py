@@ -58,7 +58,8 @@ from . import _core
 
 __all__ = ["HISTOGRAM_BOUNDS", "snapshot", "reset", "diff", "summary",
            "set_callback_timing", "watch_stalls", "stop_watching_stalls", "stalls",
-           "report_slow_callbacks", "slow_callbacks", "logger", "PrometheusCollector"]
+           "report_slow_callbacks", "slow_callbacks", "logger", "PrometheusCollector",
+           "loops", "subscribe", "unsubscribe"]
 
 #: Where stall reports are logged (WARNING, with ``extra={"tideloop_stall":
 #: report}``).
@@ -81,6 +82,43 @@ def _loop(loop):
         raise TypeError("tideloop.diagnostics needs a tideloop loop, not %s"
                         % type(loop).__name__)
     return loop
+
+
+def loops():
+    """Every tideloop loop of the process that is not closed."""
+    from . import _LOOPS
+    return [lp for lp in list(_LOOPS) if not lp.is_closed()]
+
+
+# -- reports to subscribers ---------------------------------------------------
+
+_subscribers = []
+
+
+def subscribe(callback):
+    """Call ``callback(kind, loop, report)`` for every report: ``kind`` is
+    ``"stall"``, ``"slow_callback"`` or ``"task_leak"``, ``report`` the dict
+    that :func:`stalls`, :func:`slow_callbacks` or :func:`task_leaks` would
+    return.  It runs on the loop's thread, right after the report is made
+    (before rate-limited logging); an exception in it is logged, not raised."""
+    if callback not in _subscribers:
+        _subscribers.append(callback)
+
+
+def unsubscribe(callback):
+    """Stop calling ``callback`` (no error when it was not subscribed)."""
+    try:
+        _subscribers.remove(callback)
+    except ValueError:
+        pass
+
+
+def _publish(kind, loop, report):
+    for callback in list(_subscribers):
+        try:
+            callback(kind, loop, report)
+        except Exception:       # noqa: BLE001 - a subscriber must not break the loop
+            logger.exception("tideloop.diagnostics subscriber %r failed", callback)
 
 
 def snapshot(loop=None):
@@ -207,6 +245,7 @@ def _report(loop, what, io_name, duration, started, delay, stack):
               "stack": stack, "capture_delay": delay}
     _stall_totals[loop] = _stall_totals.get(loop, 0) + 1
     _recent.setdefault(loop, collections.deque(maxlen=STALLS_KEPT)).append(report)
+    _publish("stall", loop, report)
     if _rate_limited(_log_times, loop):
         return
     where = "".join(traceback.format_list(stack)) if stack else "  (no stack)\n"
@@ -344,6 +383,7 @@ def _slow(loop, what, io_name, duration, task, started):
                       started=started, ended=frames[-1] if frames else None,
                       await_chain=chain)
     _recent_slow.setdefault(loop, collections.deque(maxlen=STALLS_KEPT)).append(report)
+    _publish("slow_callback", loop, report)
     if _rate_limited(_slow_log_times, loop):
         return
     if task is not None:

@@ -417,6 +417,44 @@ def test_a_slow_plain_callback(tl):
     assert "blocker()" in report["callback"] and 0.2 <= report["duration"] < 1.0
 
 
+def test_subscribers_get_every_report(tl):
+    got = []
+
+    def broken(kind, loop, report):
+        raise RuntimeError("a subscriber's own bug")
+
+    def listener(kind, loop, report):
+        got.append((kind, loop, report))
+
+    diagnostics.subscribe(broken)
+    diagnostics.subscribe(listener)
+    diagnostics.subscribe(listener)         # once only
+    try:
+        diagnostics.report_slow_callbacks(0.03, tl)
+        diagnostics.watch_stalls(0.05, tl)
+        tl.call_soon(blocker)
+        spin(tl)
+    finally:
+        diagnostics.unsubscribe(broken)
+        diagnostics.unsubscribe(listener)
+        diagnostics.unsubscribe(listener)   # not subscribed: no error
+        diagnostics.stop_watching_stalls(tl)
+    assert sorted(k for k, _, _ in got) == ["slow_callback", "stall"]
+    assert all(loop is tl for _, loop, _ in got)
+    assert {k: r for k, _, r in got} == {"slow_callback": diagnostics.slow_callbacks(tl)[0],
+                                         "stall": diagnostics.stalls(tl)[0]}
+
+
+def test_loops_lists_the_open_tideloop_loops(tl):
+    other = tideloop.new_event_loop()
+    assert tl in diagnostics.loops() and other in diagnostics.loops()
+    other.close()
+    assert tl in diagnostics.loops() and other not in diagnostics.loops()
+    stock = asyncio.new_event_loop()
+    assert stock not in diagnostics.loops()
+    stock.close()
+
+
 def test_slow_callback_threshold_errors(tl):
     with pytest.raises(ValueError, match="slow-callback threshold"):
         diagnostics.report_slow_callbacks(0, tl)
