@@ -4,11 +4,16 @@ service", run for real.
 An asyncio.start_server echo service whose handler hides a blocking call
 (a synchronous "cache lookup" that sleeps 120 ms every 20th request) is
 served on tideloop with TIDELOOP_DIAGNOSTICS-style settings made in code:
-the stall watchdog at 50 ms and slow-callback reports at 30 ms.  A client
-sends 60 requests.  The script prints what each tool shows (the log
-records, the stall's stack, the slow step's task and await chain, the
-health summary) and exits 1 unless the tools found the planted fault: the
-stall's stack ends on the blocking line and the slow step is the handler's.
+the stall watchdog at 50 ms, slow-callback reports at 30 ms and task
+tracking with origins.  The handler also starts an "audit" task per request
+that nobody awaits or keeps: a second planted fault, a fire-and-forget task
+whose result (or exception) is lost.  A client sends 60 requests.  The
+script prints what each tool shows (the log records, the stall's stack, the
+slow step's task and await chain, the top tasks by CPU, the leak report,
+the health summary) and exits 1 unless the tools found the planted faults:
+the stall's stack ends on the blocking line, the slow step is the
+handler's, the handler's task tops the CPU list, and the audit tasks are in
+the leak report with the line that created them.
 
     PYTHONPATH=src python examples/slow_service.py
 """
@@ -30,9 +35,15 @@ def cache_lookup(key):
 HANDLED = []
 
 
+async def audit(key):
+    await asyncio.sleep(0)
+    return key
+
+
 async def handle(reader, writer):
     while line := await reader.readline():
         key = int(line)
+        asyncio.create_task(audit(key))     # fire and forget: nobody awaits it
         value = cache_lookup(key)
         writer.write(b"%d\n" % value)
         await writer.drain()
@@ -45,6 +56,7 @@ async def main():
     loop = asyncio.get_running_loop()
     diagnostics.watch_stalls(0.05)
     diagnostics.report_slow_callbacks(0.03)
+    diagnostics.track_tasks(origins=True)
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname())
     before = diagnostics.snapshot()
@@ -52,24 +64,34 @@ async def main():
         writer.write(b"%d\n" % i)
         assert int(await reader.readline()) == i
     after = diagnostics.snapshot()
+    print("\n== top_tasks(3), the connection still open")
+    top = diagnostics.top_tasks(3)
     writer.close()
     await writer.wait_closed()
     while not HANDLED:              # the handler sees the end and returns
         await asyncio.sleep(0.01)
     server.close()
     await server.wait_closed()
-    return loop, diagnostics.diff(before, after)
+    for t in top:
+        print("%-8s %-8s %-10s cpu %.3f s in %d steps, age %.3f s" % (
+            t["task"], t["coroutine"], t["state"], t["cpu"], t["steps"], t["age"]))
+    print("\n== report_task_leaks(pending_for=1.0)")
+    leaks = diagnostics.report_task_leaks(pending_for=1.0)
+    return loop, diagnostics.diff(before, after), top, leaks
 
 
 def fmt(summary):
     return ", ".join("%s %.3g ms" % (k, v * 1e3) for k, v in summary.items() if k != "count")
 
 
+AUDIT_LINE = handle.__code__.co_firstlineno + 3
+
+
 if __name__ == "__main__":
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     loop = tideloop.new_event_loop()
     try:
-        loop, health = loop.run_until_complete(main())
+        loop, health, top, leaks = loop.run_until_complete(main())
         stalls = diagnostics.stalls(loop)
         slow = diagnostics.slow_callbacks(loop)
     finally:
@@ -87,6 +109,9 @@ if __name__ == "__main__":
     ok = (len(stalls) == 3 and all(r["stack"] and r["stack"][-1][3] == line and
                                    r["stack"][-2][2] == "handle" for r in stalls)
           and len(slow) == 3 and all(r.get("coroutine") == "handle" and
-                                     r["started"][0] == "handle" for r in slow))
+                                     r["started"][0] == "handle" for r in slow)
+          and top[0]["coroutine"] == "handle" and top[0]["cpu"] >= 0.36
+          and [(g["coroutine"], g["count"], g["origin"][1]) for g in leaks["unwaited"]]
+          == [("audit", 60, AUDIT_LINE)] and leaks["pending"] == [])
     print("verdict:", "OK" if ok else "FAILED")
     sys.exit(0 if ok else 1)

@@ -59,7 +59,8 @@ from . import _core
 __all__ = ["HISTOGRAM_BOUNDS", "snapshot", "reset", "diff", "summary",
            "set_callback_timing", "watch_stalls", "stop_watching_stalls", "stalls",
            "report_slow_callbacks", "slow_callbacks", "logger", "PrometheusCollector",
-           "loops", "subscribe", "unsubscribe"]
+           "loops", "subscribe", "unsubscribe", "track_tasks", "task_stats", "top_tasks",
+           "task_leaks", "report_task_leaks"]
 
 #: Where stall reports are logged (WARNING, with ``extra={"tideloop_stall":
 #: report}``).
@@ -398,6 +399,143 @@ def _slow(loop, what, io_name, duration, task, started):
                        extra={"tideloop_slow_callback": report})
 
 
+# -- tasks ------------------------------------------------------------------
+
+def track_tasks(on=True, origins=False, loop=None):
+    """Account each Task of the loop: CPU time (the sum of its steps'
+    durations; an eager task's first step, run inside ``create_task``,
+    counts as its own and not its creator's), steps, age, time since its
+    last step, and whether it finished with nobody waiting for it or
+    holding it (see :func:`task_leaks`).  Turns
+    callback timing on while set.  ``origins``: also record where each task
+    was created (the innermost frame outside asyncio that called
+    ``create_task``; a frame walk per task).  Off forgets what was
+    tracked.  Returns the previous setting.
+
+    Tasks created before tracking began are seen from their next step on
+    (their age counts from then)."""
+    return _loop(loop)._set_task_tracking(bool(on), bool(origins))
+
+
+def _state(task):
+    if not task.done():
+        return "pending"
+    return "cancelled" if task.cancelled() else "done"
+
+
+def _origin(task, origin):
+    if origin is not None:
+        return tuple(origin)
+    tb = getattr(task, "_source_traceback", None)    # asyncio's debug mode
+    for frame in reversed(tb or ()):
+        if not frame.filename.startswith(_ASYNCIO_DIR):
+            return (frame.filename, frame.lineno)
+    return None
+
+
+def _coro_name(task):
+    coro = task.get_coro()
+    return getattr(coro, "__qualname__", None) or type(coro).__name__
+
+
+def _stats(loop):
+    stats = loop._task_stats()
+    if stats is None:
+        raise RuntimeError("task tracking is off for this loop: "
+                           "tideloop.diagnostics.track_tasks() turns it on")
+    return stats
+
+
+def task_stats(loop=None):
+    """Every tracked Task that is still alive, as dicts: ``task`` (its
+    name), ``id`` (``id()`` of the Task), ``coroutine`` (qualified name),
+    ``state`` (pending, done, cancelled), ``cpu`` (s), ``steps``, ``age``
+    (s since created), ``idle`` (s since its last step ended), ``origin``
+    ((filename, line) where created, or None).  Call it on the loop's
+    thread (another thread: ``loop.call_soon_threadsafe``)."""
+    loop = _loop(loop)
+    live, _, _ = _stats(loop)
+    now = loop.time()
+    return [{"task": task.get_name(), "id": id(task), "coroutine": _coro_name(task),
+             "state": _state(task), "cpu": cpu, "steps": steps, "age": now - created,
+             "idle": now - last, "origin": _origin(task, origin)}
+            for task, cpu, steps, created, last, _, _, _, origin in live]
+
+
+def top_tasks(n=10, loop=None):
+    """The n tracked Tasks with the most CPU time, most first (see
+    :func:`task_stats`)."""
+    return sorted(task_stats(loop), key=lambda t: t["cpu"], reverse=True)[:n]
+
+
+def task_leaks(pending_for=60.0, loop=None):
+    """Tasks that look leaked, grouped by coroutine and origin:
+    ``pending`` -- tasks of the loop still pending after ``pending_for``
+    seconds; ``unwaited`` -- tasks that finished while nobody waited for
+    them (no done callback: not awaited, gathered, in a TaskGroup or
+    waited on) and nobody held them (so that nobody could await them
+    later): fire-and-forget tasks whose result or exception was lost,
+    counted whether collected since or not.  Each group: ``coroutine``, ``origin``,
+    ``count``, ``tasks`` (names of up to 5 live ones) and, for pending
+    ones, ``oldest`` (s).  ``untracked``: tasks not tracked (over 65,536
+    alive at once)."""
+    loop = _loop(loop)
+    live, gone, untracked = _stats(loop)
+    now = loop.time()
+    pending, unwaited = {}, {}
+    for task, _, _, created, _, finished, unwaited_flag, qualname, origin in live:
+        if unwaited_flag:
+            key = (qualname or _coro_name(task), _origin(task, origin))
+            g = unwaited.setdefault(key, {"count": 0, "tasks": []})
+            g["count"] += 1
+            if len(g["tasks"]) < 5:
+                g["tasks"].append(task.get_name())
+        elif not finished and not task.done() and now - created >= pending_for:
+            key = (_coro_name(task), _origin(task, origin))
+            g = pending.setdefault(key, {"count": 0, "tasks": [], "oldest": 0.0})
+            g["count"] += 1
+            g["oldest"] = max(g["oldest"], now - created)
+            if len(g["tasks"]) < 5:
+                g["tasks"].append(task.get_name())
+    for (qualname, origin), count in gone.items():
+        key = (qualname, tuple(origin) if origin else None)
+        unwaited.setdefault(key, {"count": 0, "tasks": []})["count"] += count
+
+    def groups(table):
+        out = [dict(coroutine=q, origin=o, **g) for (q, o), g in table.items()]
+        return sorted(out, key=lambda g: g["count"], reverse=True)
+    return {"pending": groups(pending), "unwaited": groups(unwaited), "untracked": untracked}
+
+
+_leak_log_times = weakref.WeakKeyDictionary()
+
+
+def report_task_leaks(pending_for=60.0, loop=None):
+    """:func:`task_leaks`, each group logged on :data:`logger` (WARNING,
+    ``extra={"tideloop_task_leak": group}``, rate-limited) and handed to
+    subscribers (kind ``"task_leak"``, the group with a ``kind`` key:
+    pending or unwaited).  Returns the report."""
+    loop = _loop(loop)
+    report = task_leaks(pending_for, loop)
+    for kind in ("pending", "unwaited"):
+        for group in report[kind]:
+            group = dict(group, kind=kind)
+            _publish("task_leak", loop, group)
+            if _rate_limited(_leak_log_times, loop):
+                continue
+            where = "%s:%d" % group["origin"] if group["origin"] else "unknown origin"
+            if kind == "pending":
+                logger.warning("%d task(s) of %s (created at %s) pending for up to %.1f s: %s",
+                               group["count"], group["coroutine"], where, group["oldest"],
+                               ", ".join(group["tasks"]), extra={"tideloop_task_leak": group})
+            else:
+                logger.warning("%d task(s) of %s (created at %s) finished with nobody "
+                               "waiting for them%s", group["count"], group["coroutine"], where,
+                               (": " + ", ".join(group["tasks"])) if group["tasks"] else "",
+                               extra={"tideloop_task_leak": group})
+    return report
+
+
 def _where(w):
     return "%s (%s:%d)" % w if w else "-"
 
@@ -414,18 +552,20 @@ def _rate_limited(table, loop):
 
 def _from_environment(loop, spec):
     """TIDELOOP_DIAGNOSTICS for each new loop: comma-separated ``timing``,
-    ``slow=SECONDS``, ``stalls=SECONDS``."""
+    ``slow=SECONDS``, ``stalls=SECONDS``, ``tasks`` (``tasks=origins``)."""
     for item in filter(None, (x.strip() for x in spec.split(","))):
         name, _, value = item.partition("=")
         if name == "timing" and not value:
             set_callback_timing(True, loop)
+        elif name == "tasks" and value in ("", "origins"):
+            track_tasks(True, origins=value == "origins", loop=loop)
         elif name == "slow" and value:
             report_slow_callbacks(float(value), loop)
         elif name == "stalls" and value:
             watch_stalls(float(value), loop)
         else:
             raise ValueError("TIDELOOP_DIAGNOSTICS: unknown item %r (timing, slow=SECONDS, "
-                             "stalls=SECONDS)" % item)
+                             "stalls=SECONDS, tasks, tasks=origins)" % item)
 
 
 @atexit.register

@@ -154,7 +154,8 @@ enum {
     X(append, "append") X(server_hostname, "server_hostname")              \
     X(library, "library") X(reason, "reason")                              \
     X(t_coro, "_coro") X(cr_frame, "cr_frame") X(self_attr, "__self__")    \
-    X(cr_await, "cr_await")                                                \
+    X(cr_await, "cr_await") X(cr_suspended, "cr_suspended")                \
+    X(get_coro, "get_coro") X(qualname, "__qualname__")                    \
     X(verify_code, "verify_code") X(verify_message, "verify_message")      \
     X(app_protocol_get_buffer, "_app_protocol_get_buffer")                 \
     X(app_protocol_buffer_updated, "_app_protocol_buffer_updated")         \
@@ -365,6 +366,8 @@ typedef struct {
     int timing;                 /* time each callback */
     int64_t slow_ns;            /* report callbacks this long (0: off; on
                                    turns timing on) */
+    int track_tasks;            /* per-task accounting (taskstats.c; on
+                                   turns timing on) */
     /* Callback timing reads tl_ticks(); ns_per_tick comes from comparing
      * it with the monotonic clock since (cal_ns, cal_ticks), taken when
      * timing was turned on (0: not measured yet, callbacks read the clock). */
@@ -376,11 +379,18 @@ typedef struct {
 /* What _reset_diagnostics zeroes: the counters and histograms. */
 #define TL_HEALTH_RESET_SIZE offsetof(tl_health, since_ns)
 
+/* Is each callback timed (run_batch_timed)? */
+static inline int
+tl_health_timed(const tl_health *h)
+{
+    return h->timing || h->slow_ns || h->track_tasks;
+}
+
 /* Callback timing is being turned on: its tick rate is measured anew. */
 static inline void
 tl_health_start_timing(tl_health *h)
 {
-    if (h->timing || h->slow_ns)
+    if (tl_health_timed(h))
         return;
     h->ns_per_tick = 0;
     h->cal_ns = tl_now_ns();
@@ -431,6 +441,14 @@ struct LoopObject {
 
     tl_health health;
     struct tl_watchdog *watchdog;   /* watchdog.c: the stall watchdog, or NULL */
+    /* taskstats.c: per-task accounting, or NULL (off).  While a Task's
+     * step runs: the Task (borrowed), whether something was scheduled
+     * with it as its argument (a done callback: somebody waits for it),
+     * and the time that eager tasks' first steps took inside it. */
+    struct tl_task_table *tasks;
+    PyObject *step_task;
+    int step_task_waited;
+    int64_t eager_ns;
     int stall_flag;             /* set by the watchdog: a stall was captured */
 };
 
@@ -576,6 +594,14 @@ PyObject *tl_task_where(tl_state *st, PyObject *task);
 int tl_slow_report(LoopObject *loop, PyObject *what, const char *io_name, int64_t took_ns,
                    PyObject *task, PyObject *where);
 extern const PyMethodDef tl_diag_loop_methods[];
+
+/* taskstats.c: per-task CPU time, steps, age; tasks that finished with
+ * nobody waiting (tideloop.diagnostics.track_tasks). */
+void tl_tasks_step_done(LoopObject *loop, PyObject *task, int64_t took_ns, int64_t now_ns);
+void tl_tasks_created(LoopObject *loop, PyObject *task, int64_t created_ns, int64_t eager_ns,
+                      int64_t inner_ns);
+void tl_tasks_free(LoopObject *loop);
+extern const PyMethodDef tl_tasks_loop_methods[];
 extern const PyMethodDef tl_diag_module_methods[];
 
 #endif

@@ -408,13 +408,21 @@ run_batch_timed(LoopObject *self, size_t ntodo, int64_t start_ns, int *entered)
     uint64_t tick_ns = (uint64_t)(health->ns_per_tick * 4294967296.0);
     uint64_t start_ticks = tick_ns ? tl_ticks() : 0;
     int64_t slow_ns = health->slow_ns;      /* a change counts from the next batch */
+    int64_t batch_ns = start_ns;
     for (size_t i = 0; i < ntodo && self->ready.len; i++) {
         tl_ready_item it = tl_ready_pop(&self->ready);
         uint64_t ran_before = health->callbacks;
         PyObject *task = NULL, *task_where = NULL;
-        if (slow_ns && tl_ready_io(it) == NULL &&
-            (task = tl_task_of_step(self->state, ((HandleObject *)it)->callback)) != NULL)
-            task_where = tl_task_where(self->state, task);
+        if ((slow_ns || self->tasks != NULL) && tl_ready_io(it) == NULL &&
+            (task = tl_task_of_step(self->state, ((HandleObject *)it)->callback)) != NULL) {
+            if (slow_ns)
+                task_where = tl_task_where(self->state, task);
+            if (self->tasks != NULL) {
+                self->step_task = task;
+                self->step_task_waited = 0;
+            }
+        }
+        self->eager_ns = 0;
         PyObject *held;
         tl_io_watcher *w;
         int rc = run_item(self, it, &held, &w, entered);
@@ -429,8 +437,11 @@ run_batch_timed(LoopObject *self, size_t ntodo, int64_t start_ns, int *entered)
             took = t - start_ns;
             start_ns = t;
         }
+        self->step_task = NULL;
         if (health->callbacks != ran_before) {      /* not a cancelled one */
             tl_hist_record(&health->callback, took);
+            if (task != NULL && self->tasks != NULL)
+                tl_tasks_step_done(self, task, took, batch_ns);
             if (slow_ns && took >= slow_ns && rc == 0)
                 rc = tl_slow_report(self, held, w != NULL ? w->name : NULL, took, task,
                                     task_where);
@@ -555,7 +566,7 @@ run_once(LoopObject *self)
             tl_hist_record(&health->lag, start_ns - self->ready.first_ns);
     }
     self->ready.first_ns = 0;
-    int timing = health->timing || health->slow_ns;
+    int timing = tl_health_timed(health);
     int entered = 0;
     int rc = timing ? run_batch_timed(self, ntodo, start_ns, &entered)
                     : run_batch(self, ntodo, &entered);
@@ -603,6 +614,11 @@ schedule_soon(LoopObject *self, const char *method, PyObject *const *args,
                                     args + 1, nargs - 1, context, 0);
     if (h == NULL)
         return NULL;
+    /* A Task being tracked finishes: a done callback of it is scheduled
+     * with it as the argument -- somebody waits for it (taskstats.c). */
+    if (__builtin_expect(self->step_task != NULL, 0) && nargs >= 2 &&
+        args[1] == self->step_task)
+        self->step_task_waited = 1;
     Py_INCREF(h);
     if (ready_push(self, h) < 0) {
         Py_DECREF(h);
@@ -1191,8 +1207,20 @@ loop_create_task(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
                               nargsf, kwnames);
     if (tl_check_closed(self) < 0)
         return NULL;
-    if (self->task_factory != NULL)
-        return create_task_with_factory(self, args[0], name, context);
+    if (self->task_factory != NULL) {
+        if (self->tasks == NULL)
+            return create_task_with_factory(self, args[0], name, context);
+        /* Tracked: the factory may run the task's first step (an eager
+         * task), which is the task's time, not the caller's. */
+        int64_t t0 = tl_now_ns(), outer = self->eager_ns;
+        self->eager_ns = 0;
+        PyObject *task = create_task_with_factory(self, args[0], name, context);
+        int64_t took = tl_now_ns() - t0, inner = self->eager_ns;
+        self->eager_ns = outer + took;
+        if (task != NULL && self->tasks != NULL)
+            tl_tasks_created(self, task, t0, took, inner);
+        return task;
+    }
     PyObject *cls = current_class(st->tasks_dict, st->str_Task, st->Task);
     if (cls == NULL)
         return NULL;
@@ -1200,6 +1228,8 @@ loop_create_task(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
                                         name != Py_None ? name : NULL,
                                         context != Py_None ? context : NULL);
     Py_DECREF(cls);
+    if (task != NULL && self->tasks != NULL)
+        tl_tasks_created(self, task, tl_now_ns(), -1, 0);
     return task;
 }
 
@@ -1321,7 +1351,7 @@ loop_diagnostics(LoopObject *self, PyObject *Py_UNUSED(ignored))
         "timers", (Py_ssize_t)self->timers.len,
         "fds", (Py_ssize_t)(self->fds_registered - self->fds_internal),
         "backend", tl_poller_name(),
-        "callback_timing", h->timing || h->slow_ns ? Py_True : Py_False,
+        "callback_timing", tl_health_timed(h) ? Py_True : Py_False,
         "since", (double)h->since_ns * 1e-9,
         "histograms", hists);
 }
@@ -1513,6 +1543,7 @@ loop_dealloc(LoopObject *self)
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     tl_watchdog_stop(self);
+    tl_tasks_free(self);
     if (self->weakreflist != NULL)
         PyObject_ClearWeakRefs((PyObject *)self);
     loop_clear(self);

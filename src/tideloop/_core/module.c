@@ -318,7 +318,8 @@ core_exec(PyObject *m)
         add_methods(st->LoopType, tl_dgram_loop_methods) < 0 ||
         add_methods(st->LoopType, tl_pipe_loop_methods) < 0 ||
         add_methods(st->LoopType, tl_sockop_loop_methods) < 0 ||
-        add_methods(st->LoopType, tl_diag_loop_methods) < 0)
+        add_methods(st->LoopType, tl_diag_loop_methods) < 0 ||
+        add_methods(st->LoopType, tl_tasks_loop_methods) < 0)
         goto done;
     if (make_kwnames(st) < 0 ||
         PyModule_AddStringConstant(m, "poller_backend", tl_poller_name()) < 0 ||
