@@ -325,6 +325,12 @@ class PrometheusCollector:
             yield m
 
 
+# OpenTelemetry (tideloop[otel]): its own module; opentelemetry is imported
+# only when one is made.
+from ._diag_otel import OpenTelemetryMetrics  # noqa: E402
+__all__.append("OpenTelemetryMetrics")
+
+
 # -- slow callbacks ---------------------------------------------------------
 
 _recent_slow = weakref.WeakKeyDictionary()      # loop -> deque of reports
