@@ -21,8 +21,19 @@ interpreter's start-up does not count):
 Variants: ``base`` (REV's source, built here in a temporary worktree),
 ``always-on`` (this checkout: counters and histograms that every loop
 keeps), ``timing`` (TIDELOOP_DIAGNOSTICS=timing: every callback timed),
-``all`` (TIDELOOP_DIAGNOSTICS=timing,slow=0.1,stalls=0.1: callback timing,
-slow-callback reports and the stall watchdog).  Exit status 0 only when every run succeeded.
+``tasks`` (timing and per-task accounting), ``all`` (parts 1-4 of issue
+13: TIDELOOP_DIAGNOSTICS=timing,slow=0.1,stalls=0.1,tasks -- callback
+timing, slow-callback reports, the stall watchdog, per-task accounting).
+
+Every process, of every variant, starts one idle thread first.  A second
+thread switches glibc to its multi-threaded paths for good (each
+cancellable system call -- recv, send, epoll_wait -- then brackets itself
+with asynccancel calls, about 140 instructions per echo request here); the
+stall watchdog is a thread, so without this the "all" row would carry that
+switch.  A real service has crossed it already: run_in_executor, getaddrinfo
+and most libraries start threads.  ``--no-idle-thread`` measures without.
+
+Exit status 0 only when every run succeeded.
 """
 import argparse
 import json
@@ -40,6 +51,10 @@ sys.path.insert(0, HERE)
 from _harness import procs  # noqa: E402  (bench/ is not a package)
 from tls_instr import parse_callgrind  # noqa: E402
 
+IDLE_THREAD = """
+import threading
+threading.Thread(target=threading.Event().wait, daemon=True, name="idle").start()
+"""
 MICRO = """
 import asyncio, sys, tideloop
 from tideloop._bench.micro import bench_call_soon
@@ -48,6 +63,13 @@ loop.run_until_complete(bench_call_soon(loop, int(sys.argv[1])))
 loop.close()
 """
 MICRO_N = (20000, 60000)
+ECHO_MAIN = """
+import os, runpy, sys
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))    # as 'python SCRIPT' does
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+PRELUDE = [IDLE_THREAD]     # emptied by --no-idle-thread
 ECHO_SECONDS = (3, 9)
 
 
@@ -62,7 +84,8 @@ def run_micro(python, src, extra_env, workdir, tag):
     irs = []
     for n in MICRO_N:
         env = dict(os.environ, PYTHONPATH=src, PYTHONHASHSEED="0", **extra_env)
-        cmd, out = callgrind([python, "-c", MICRO, str(n)], env, workdir, f"{tag}-{n}")
+        cmd, out = callgrind([python, "-c", "".join(PRELUDE) + MICRO, str(n)], env, workdir,
+                             f"{tag}-{n}")
         subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, timeout=900)
         irs.append(parse_callgrind(out)[0])
@@ -73,7 +96,8 @@ def run_echo(python, src, extra_env, workdir, tag):
     points = []
     for seconds in ECHO_SECONDS:
         env = dict(os.environ, PYTHONPATH=src, PYTHONHASHSEED="0", **extra_env)
-        cmd, out = callgrind([python, os.path.join(HERE, "echo_servers.py"), "--loop",
+        cmd, out = callgrind([python, "-c", "".join(PRELUDE) + ECHO_MAIN,
+                              os.path.join(HERE, "echo_servers.py"), "--loop",
                               "tideloop", "--kind", "protocol", "--port", "0"],
                              env, workdir, f"{tag}-{seconds}")
         server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
@@ -107,7 +131,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base", required=True, help="the git revision without the diagnostics")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures here")
+    p.add_argument("--no-idle-thread", action="store_true",
+                   help="do not start an idle thread in each process first")
     args = p.parse_args(argv)
+    if args.no_idle_thread:
+        PRELUDE.clear()
     t_start = time.monotonic()
     procs.build_c(HERE, ["loadgen"], "diag_overhead")
     workdir = tempfile.mkdtemp(prefix="diag-overhead-")
@@ -122,8 +150,9 @@ def main(argv=None):
         variants = [("base", os.path.join(base_tree, "src"), {}),
                     ("always-on", os.path.join(ROOT, "src"), {}),
                     ("timing", os.path.join(ROOT, "src"), {"TIDELOOP_DIAGNOSTICS": "timing"}),
+                    ("tasks", os.path.join(ROOT, "src"), {"TIDELOOP_DIAGNOSTICS": "tasks"}),
                     ("all", os.path.join(ROOT, "src"),
-                     {"TIDELOOP_DIAGNOSTICS": "timing,slow=0.1,stalls=0.1"})]
+                     {"TIDELOOP_DIAGNOSTICS": "timing,slow=0.1,stalls=0.1,tasks"})]
         for name, src, env in variants:
             row = {}
             for work, fn in (("call_soon", run_micro), ("echo", run_echo)):
@@ -154,12 +183,13 @@ def main(argv=None):
         print(f"{name:10} {cells[0]} {cells[1]} {cells[2][1:]} {cells[3]}")
     verdict = "OK" if ok else "FAILED"
     print(f"verdict: {verdict}")
-    print(f"reproduce: python bench/diag_overhead.py --base {args.base}")
+    print(f"reproduce: python bench/diag_overhead.py --base {args.base}"
+          + (" --no-idle-thread" if not PRELUDE else ""))
     print(f"({time.monotonic() - t_start:.1f} s)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"python": sys.version, "base": args.base, "results": results,
-                       "verdict": verdict}, f, indent=1)
+                       "idle_thread": bool(PRELUDE), "verdict": verdict}, f, indent=1)
     return 0 if ok else 1
 
 

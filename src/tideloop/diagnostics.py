@@ -46,9 +46,15 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
+import faulthandler
+import linecache
 import logging
 import os
+import re
+import signal
 import sys
+import tempfile
+import threading
 import time
 import traceback
 import weakref
@@ -196,9 +202,13 @@ _watched = weakref.WeakSet()
 def watch_stalls(threshold=0.1, loop=None):
     """Report callbacks that keep the loop busy for longer than
     ``threshold`` seconds, with the stack they were blocked in (None:
-    stop).  Returns the previous threshold (None if not watched)."""
+    stop).  Returns the previous threshold (None if not watched).
+
+    For C code that holds the GIL through the stall, a real-time signal
+    (see :func:`_dump_signal`) is registered with :mod:`faulthandler` the
+    first time."""
     loop = _loop(loop)
-    prev = loop._set_stall_threshold(threshold)
+    prev = loop._set_stall_threshold(threshold, _dump_signal() if threshold is not None else 0)
     if threshold is None:
         _watched.discard(loop)
     else:
@@ -217,10 +227,60 @@ def stalls(loop=None):
     return: at least the threshold minus a quarter of it), ``started``
     (loop.time() of that), ``callback`` (what ran), ``stack`` (the loop
     thread's frames when caught, outermost first: (filename, line number,
-    function, source line) tuples; None if it could not be taken) and
-    ``capture_delay`` (s from ``started`` to the capture: long when C code
-    held the GIL)."""
+    function, source line) tuples; None if it could not be taken),
+    ``captured_by`` (``"gil"``: taken with the GIL, which the loop thread
+    gave up; ``"signal"``: C code held the GIL, so faulthandler wrote the
+    stack from inside the stalled thread on the watchdog's signal) and
+    ``capture_delay`` (s from ``started`` to the capture)."""
     return list(_recent.get(_loop(loop), ()))
+
+
+_dump = None            # (signal number, file) once registered with faulthandler
+_dump_lock = threading.Lock()
+_DUMP_FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
+
+
+def _dump_signal():
+    """The signal that makes faulthandler write the loop thread's stack
+    from inside that thread, without the GIL (the watchdog sends it when
+    the GIL does not come within 20 ms: C code holds it).  A real-time
+    signal nobody handles (from SIGRTMAX - 2 down), registered once;
+    0 when none is free."""
+    global _dump
+    with _dump_lock:
+        if _dump is None:
+            _dump = (0, None)
+            for signum in range(signal.SIGRTMAX - 2, signal.SIGRTMIN + 2, -1):
+                if signal.getsignal(signum) != signal.SIG_DFL:
+                    continue
+                f = tempfile.TemporaryFile(prefix="tideloop-stall-")
+                faulthandler.register(signum, file=f, all_threads=False, chain=False)
+                _dump = (signum, f)
+                break
+        return _dump[0]
+
+
+def _read_dump():
+    """The stack that faulthandler wrote on the signal (outermost first, as
+    _capture's), or None; the file is emptied."""
+    f = _dump[1] if _dump else None
+    if f is None:
+        return None
+    with _dump_lock:
+        f.seek(0)
+        text = f.read().decode("utf-8", "replace")
+        f.seek(0)
+        f.truncate()
+    block = text.rsplit("Stack (most recent call first):", 1)
+    if len(block) < 2:
+        return None
+    frames = []
+    for line in block[1].splitlines():
+        m = _DUMP_FRAME.match(line)
+        if m:
+            filename, lineno, name = m.group(1), int(m.group(2)), m.group(3)
+            frames.append((filename, lineno, name, linecache.getline(filename, lineno).strip()))
+    return frames[::-1] or None
 
 
 def _capture(thread_id):
@@ -240,19 +300,31 @@ def _describe(what, io_name):
         return repr(what)
 
 
-def _report(loop, what, io_name, duration, started, delay, stack):
-    """A stall is over (called by the loop thread after the callback)."""
+def _report(loop, what, io_name, duration, started, delay, stack, signalled=0):
+    """A stall is over (called by the loop thread after the callback).
+    signalled: the GIL did not come, faulthandler's dump holds the stack."""
+    captured_by = "gil"
+    if signalled:
+        stack, captured_by = _read_dump(), "signal"
+    elif stack is None:
+        captured_by = None
     report = {"duration": duration, "started": started, "callback": _describe(what, io_name),
-              "stack": stack, "capture_delay": delay}
+              "stack": stack, "capture_delay": delay if stack is not None else None,
+              "captured_by": captured_by if stack is not None else None}
     _stall_totals[loop] = _stall_totals.get(loop, 0) + 1
     _recent.setdefault(loop, collections.deque(maxlen=STALLS_KEPT)).append(report)
     _publish("stall", loop, report)
     if _rate_limited(_log_times, loop):
         return
-    where = "".join(traceback.format_list(stack)) if stack else "  (no stack)\n"
-    logger.warning("Event loop blocked for %.3f s in %s; stack when caught "
-                   "(%.3f s in):\n%s", duration, report["callback"], delay, where.rstrip(),
-                   extra={"tideloop_stall": report})
+    if stack:
+        logger.warning("Event loop blocked for %.3f s in %s; stack when caught "
+                       "(%.3f s in%s):\n%s", duration, report["callback"], delay,
+                       ", by signal: C code held the GIL" if signalled else "",
+                       "".join(traceback.format_list(stack)).rstrip(),
+                       extra={"tideloop_stall": report})
+    else:
+        logger.warning("Event loop blocked for %.3f s in %s (its stack could not be taken)",
+                       duration, report["callback"], extra={"tideloop_stall": report})
 
 
 # -- export -----------------------------------------------------------------

@@ -6,6 +6,7 @@ a blocking poll of known length, a timer queued late, a callback that
 blocks while another waits behind it, a callback of known duration; each
 histogram's one entry must sit in the bucket that holds its exact value."""
 import asyncio
+import sys
 import threading
 import time
 
@@ -295,6 +296,44 @@ def test_a_cpu_bound_task_step_is_caught(tl):
     assert report["stack"][-1][2] == "spinner"      # on its while or pass line
     assert report["stack"][-2][2] == "main"
     assert 0.1 <= report["duration"] < 1.0
+
+
+def sum_size(seconds):
+    """How long a range sum() takes for `seconds` (C code: no GIL release,
+    no eval-breaker check inside)."""
+    n = 10 ** 6
+    t = time.perf_counter()
+    sum(range(n))
+    return int(n * seconds / max(time.perf_counter() - t, 1e-6))
+
+
+def gil_holder(n):
+    sum(range(n))               # C code holds the GIL for the whole stall
+    after_the_c_call = [n]      # a capture after the stall would be here or later
+    return after_the_c_call
+
+
+def test_c_code_holding_the_gil_is_caught_on_its_line(tl, caplog):
+    diagnostics.watch_stalls(0.05, tl)
+    n = sum_size(0.3)
+    tl.call_soon(gil_holder, n)
+    tl.call_soon(sum, range(n))         # a C callback: no Python frame of its own
+    with caplog.at_level("WARNING", logger="tideloop.diagnostics"):
+        spin(tl)
+    first, second = diagnostics.stalls(tl)
+    line = gil_holder.__code__.co_firstlineno + 1
+    assert first["stack"][-1][:3] == (__file__, line, "gil_holder")
+    assert first["stack"][-1][3].startswith("sum(range(n))")
+    assert first["duration"] >= 0.15
+    # taken during the stall, not when the GIL came back
+    assert first["capture_delay"] < first["duration"] - 0.05
+    if sys._is_gil_enabled() if hasattr(sys, "_is_gil_enabled") else True:
+        assert first["captured_by"] == second["captured_by"] == "signal"
+        assert "by signal: C code held the GIL" in caplog.records[0].getMessage()
+    # the C callback's stall is reported too, with the frames under it
+    assert "sum(" in second["callback"] and second["duration"] >= 0.15
+    assert second["stack"][-1][2] == "spin"
+    assert second["capture_delay"] < second["duration"] - 0.05
 
 
 def test_no_stall_while_idle_or_busy_with_short_callbacks(tl):

@@ -62,10 +62,10 @@ def test_a_spinning_task_comes_first(tl):
     assert 0.15 <= top[0]["cpu"] < 0.5
     assert top[0]["steps"] == 4 and top[0]["state"] == "done"
     stats = by_name(top)
-    assert stats["light"]["steps"] == 11 and stats["light"]["cpu"] < 0.02
+    assert stats["light"]["steps"] == 11 and stats["light"]["cpu"] < 0.05
     # main() gathered them: the spinner's time is not main's
     [main_stats] = [t for t in top if t["coroutine"].endswith(".main")]
-    assert main_stats["cpu"] < 0.02
+    assert main_stats["cpu"] < 0.05    # not the spinner's 0.15 s
     assert top[0]["age"] >= top[0]["cpu"] and 0 <= top[0]["idle"] <= top[0]["age"]
     assert tl.diagnostics()["callback_timing"] is True
     assert diagnostics.track_tasks(False, loop=tl) is True
@@ -154,7 +154,7 @@ def test_an_eager_task_first_step_is_its_own(tl):
     stats = by_name(tl.run_until_complete(main()))
     assert 0.09 <= stats["eager"]["cpu"] < 0.5 and stats["eager"]["steps"] == 2
     [main_stats] = [t for t in stats.values() if t["coroutine"].endswith(".main")]
-    assert main_stats["cpu"] < 0.03
+    assert main_stats["cpu"] < 0.05    # not the eager step's 0.06 s
     assert diagnostics.task_leaks(60, loop=tl)["unwaited"] == []
 
 
@@ -192,6 +192,24 @@ def test_stats_are_read_on_the_loop_thread(tl):
     tl.run_until_complete(main())
     assert errors and "loop's own thread" in errors[0]
     assert isinstance(tl._task_stats(), tuple)      # not running: any thread
+
+
+def test_cancelled_callbacks_under_tracking(tl):
+    # A cancelled Handle's callback is gone (None) when its turn comes.
+    diagnostics.track_tasks(loop=tl)
+    ran = []
+    tl.call_soon(ran.append, 1).cancel()
+    tl.call_soon(ran.append, 2)
+
+    async def main():
+        task = asyncio.create_task(asyncio.sleep(10))
+        await asyncio.sleep(0)
+        task.cancel()                   # its wakeup is cancelled, a step is queued
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    tl.run_until_complete(main())
+    assert ran == [2]
 
 
 def test_many_short_tasks_keep_the_table_small(tl):

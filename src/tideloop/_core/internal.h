@@ -372,6 +372,7 @@ typedef struct {
      * it with the monotonic clock since (cal_ns, cal_ticks), taken when
      * timing was turned on (0: not measured yet, callbacks read the clock). */
     double ns_per_tick;
+    uint64_t tick_ns_fixed;     /* the same in 32.32 fixed point (0: not yet) */
     int64_t cal_ns;
     uint64_t cal_ticks;
 } tl_health;
@@ -393,6 +394,7 @@ tl_health_start_timing(tl_health *h)
     if (tl_health_timed(h))
         return;
     h->ns_per_tick = 0;
+    h->tick_ns_fixed = 0;
     h->cal_ns = tl_now_ns();
     h->cal_ticks = tl_ticks();
 }
@@ -441,15 +443,12 @@ struct LoopObject {
 
     tl_health health;
     struct tl_watchdog *watchdog;   /* watchdog.c: the stall watchdog, or NULL */
-    /* taskstats.c: per-task accounting, or NULL (off).  While a Task's
-     * step runs: the Task (borrowed), whether something was scheduled
-     * with it as its argument (a done callback: somebody waits for it),
-     * and the time that eager tasks' first steps took inside it. */
+    /* taskstats.c: per-task accounting, or NULL (off); while a Task's
+     * step runs, the time that eager tasks' first steps took inside it. */
     struct tl_task_table *tasks;
-    PyObject *step_task;
-    int step_task_waited;
     int64_t eager_ns;
-    int stall_flag;             /* set by the watchdog: a stall was captured */
+    int stall_flag;             /* set by the watchdog: a stall was seen */
+    pid_t os_tid;               /* the running thread's kernel id (watchdog.c) */
 };
 
 /* ---- checks every entry point makes ---- */
@@ -597,7 +596,8 @@ extern const PyMethodDef tl_diag_loop_methods[];
 
 /* taskstats.c: per-task CPU time, steps, age; tasks that finished with
  * nobody waiting (tideloop.diagnostics.track_tasks). */
-void tl_tasks_step_done(LoopObject *loop, PyObject *task, int64_t took_ns, int64_t now_ns);
+void tl_tasks_step_done(LoopObject *loop, PyObject *task, int64_t took_ns, int64_t now_ns,
+                        size_t queued);
 void tl_tasks_created(LoopObject *loop, PyObject *task, int64_t created_ns, int64_t eager_ns,
                       int64_t inner_ns);
 void tl_tasks_free(LoopObject *loop);

@@ -19,6 +19,7 @@
 #include <sys/eventfd.h>
 #include <time.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define MAXIMUM_SELECT_TIMEOUT (24.0 * 3600.0)
@@ -396,6 +397,26 @@ run_batch(LoopObject *self, size_t ntodo, int *entered)
     return 0;
 }
 
+/* Could the callback be a Task's step or wakeup (tl_task_of_step)?  No
+ * for a plain function and for a method (Python or builtin) of the last
+ * type found not to be a Task: the common callbacks, told apart here in a
+ * few loads. */
+static inline int
+maybe_task_step(tl_state *st, PyObject *callback)
+{
+    if (callback == NULL)           /* cancelled */
+        return 0;
+    PyTypeObject *tp = Py_TYPE(callback);
+    PyObject *self;
+    if (tp == &PyMethod_Type)
+        self = PyMethod_GET_SELF(callback);
+    else if (tp == &PyCFunction_Type)
+        self = PyCFunction_GET_SELF(callback);
+    else
+        return tp != &PyFunction_Type;
+    return self == NULL || (PyObject *)Py_TYPE(self) != st->diag_not_task_type;
+}
+
 /* The batch with each callback timed (callback timing or a slow-callback
  * threshold on; tideloop.diagnostics): the "callback" histogram, and the
  * report of a slow one -- a Task's step with where it started. */
@@ -405,7 +426,7 @@ run_batch_timed(LoopObject *self, size_t ntodo, int64_t start_ns, int *entered)
     tl_health *health = &self->health;
     /* ns = ticks * ns_per_tick, in 32.32 fixed point (0: not measured yet,
      * the clock is read instead) */
-    uint64_t tick_ns = (uint64_t)(health->ns_per_tick * 4294967296.0);
+    uint64_t tick_ns = health->tick_ns_fixed;
     uint64_t start_ticks = tick_ns ? tl_ticks() : 0;
     int64_t slow_ns = health->slow_ns;      /* a change counts from the next batch */
     int64_t batch_ns = start_ns;
@@ -413,16 +434,15 @@ run_batch_timed(LoopObject *self, size_t ntodo, int64_t start_ns, int *entered)
         tl_ready_item it = tl_ready_pop(&self->ready);
         uint64_t ran_before = health->callbacks;
         PyObject *task = NULL, *task_where = NULL;
+        size_t queued_before = 0;
         if ((slow_ns || self->tasks != NULL) && tl_ready_io(it) == NULL &&
+            maybe_task_step(self->state, ((HandleObject *)it)->callback) &&
             (task = tl_task_of_step(self->state, ((HandleObject *)it)->callback)) != NULL) {
             if (slow_ns)
                 task_where = tl_task_where(self->state, task);
-            if (self->tasks != NULL) {
-                self->step_task = task;
-                self->step_task_waited = 0;
-            }
+            self->eager_ns = 0;
+            queued_before = self->ready.len;
         }
-        self->eager_ns = 0;
         PyObject *held;
         tl_io_watcher *w;
         int rc = run_item(self, it, &held, &w, entered);
@@ -437,11 +457,11 @@ run_batch_timed(LoopObject *self, size_t ntodo, int64_t start_ns, int *entered)
             took = t - start_ns;
             start_ns = t;
         }
-        self->step_task = NULL;
         if (health->callbacks != ran_before) {      /* not a cancelled one */
             tl_hist_record(&health->callback, took);
             if (task != NULL && self->tasks != NULL)
-                tl_tasks_step_done(self, task, took, batch_ns);
+                tl_tasks_step_done(self, task, took, batch_ns,
+                                   self->ready.len - queued_before);
             if (slow_ns && took >= slow_ns && rc == 0)
                 rc = tl_slow_report(self, held, w != NULL ? w->name : NULL, took, task,
                                     task_where);
@@ -464,8 +484,10 @@ calibrate_ticks(tl_health *health, int64_t now_ns)
     if (since < 50000000 || (health->ns_per_tick > 0 && since < 1000000000))
         return;
     uint64_t ticks = tl_ticks() - health->cal_ticks;
-    if (ticks > 0)
+    if (ticks > 0) {
         health->ns_per_tick = (double)since / (double)ticks;
+        health->tick_ns_fixed = (uint64_t)(health->ns_per_tick * 4294967296.0);
+    }
     if (since >= 1000000000) {      /* a new base: follows a changing rate */
         health->cal_ns = now_ns;
         health->cal_ticks = tl_ticks();
@@ -614,11 +636,6 @@ schedule_soon(LoopObject *self, const char *method, PyObject *const *args,
                                     args + 1, nargs - 1, context, 0);
     if (h == NULL)
         return NULL;
-    /* A Task being tracked finishes: a done callback of it is scheduled
-     * with it as the argument -- somebody waits for it (taskstats.c). */
-    if (__builtin_expect(self->step_task != NULL, 0) && nargs >= 2 &&
-        args[1] == self->step_task)
-        self->step_task_waited = 1;
     Py_INCREF(h);
     if (ready_push(self, h) < 0) {
         Py_DECREF(h);
@@ -895,6 +912,7 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
 
     int failed = 0;
     TL_ATOMIC_SET(&self->thread_id, PyThread_get_thread_ident());
+    TL_ATOMIC_SET(&self->os_tid, (pid_t)syscall(SYS_gettid));
     if (install_asyncgen_hooks(self) < 0) {
         failed = 1;
     }

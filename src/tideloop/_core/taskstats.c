@@ -241,10 +241,33 @@ task_done(tl_state *st, PyObject *task)
     return done;
 }
 
+/* Did the step schedule a done callback of the task -- something queued
+ * with the task as its first argument (among the last `queued` items of
+ * the ready queue, the ones the step added)?  Then somebody waits for it. */
+static int
+done_callback_queued(LoopObject *loop, PyObject *task, size_t queued)
+{
+    tl_ready_queue *q = &loop->ready;
+    for (size_t k = q->len - queued; k < q->len; k++) {
+        tl_ready_item it = q->items[(q->head + k) & (q->cap - 1)];
+        if (tl_ready_io(it) != NULL)
+            continue;
+        HandleObject *h = (HandleObject *)it;
+        PyObject *first = h->nargs == 0 ? NULL
+                          : h->args_tuple != NULL ? PyTuple_GET_ITEM(h->args_tuple, 0)
+                          : h->argv[0];
+        if (first == task)
+            return 1;
+    }
+    return 0;
+}
+
 /* A step of `task` took took_ns (eager first steps of tasks it created
- * not counted: loop->eager_ns); now_ns: about now (the batch's start). */
+ * not counted: loop->eager_ns); now_ns: about now (the batch's start);
+ * queued: how many callbacks the step added to the ready queue. */
 void
-tl_tasks_step_done(LoopObject *loop, PyObject *task, int64_t took_ns, int64_t now_ns)
+tl_tasks_step_done(LoopObject *loop, PyObject *task, int64_t took_ns, int64_t now_ns,
+                   size_t queued)
 {
     struct tl_task_table *t = loop->tasks;
     tl_task_entry *e = find(t, task, now_ns);
@@ -261,7 +284,8 @@ tl_tasks_step_done(LoopObject *loop, PyObject *task, int64_t took_ns, int64_t no
      * running step's callback and this function hold the Task (2, on
      * every interpreter from 3.11 to 3.14: the tests check it) -- so
      * nobody can await it any more; its result or exception is lost. */
-    if (!loop->step_task_waited && Py_REFCNT(task) <= TL_TASK_REFS_WHILE_STEPPING) {
+    if (Py_REFCNT(task) <= TL_TASK_REFS_WHILE_STEPPING &&
+        !done_callback_queued(loop, task, queued)) {
         e->flags |= TL_TASK_UNWAITED;
         Py_XSETREF(e->qualname, coro_qualname(loop->state, task));
     }

@@ -12,10 +12,23 @@
  * thread gives up within the switch interval when it runs Python code, and
  * at once when it blocks in a call that releases it: time.sleep, socket
  * I/O) and calls tideloop.diagnostics' capture function for the loop
- * thread's frames.  When C code holds the GIL for the whole stall, the
- * capture comes late and says so (its delay).  The loop thread reports the
- * stall, once, when the callback returns (tideloop.diagnostics' report
- * function: the callback, how long, the stack).
+ * thread's frames.
+ *
+ * When C code holds the GIL (a long sum(), a regex, a C library call that
+ * does not release it), the GIL would come only after the stall, with the
+ * loop thread's frames moved on.  So, faulthandler's way: before it waits
+ * for the GIL, the watchdog arms a one-shot timer that sends a signal to
+ * the loop thread (`nudge_ns` later; cancelled if the GIL comes first).
+ * tideloop.diagnostics has registered that signal with faulthandler, whose
+ * handler writes the thread's Python stack to a file without the GIL, from
+ * inside the stalled thread.  Its frames are the stall's.
+ *
+ * The loop thread reports the stall, once, when the callback returns
+ * (tideloop.diagnostics' report function: the callback, how long, the
+ * stack or whether the signal's dump holds it).  The watchdog flags the
+ * stall as soon as it sees it; the report first waits (without the GIL)
+ * for the watchdog's capture attempt to end, and tells it the callback is
+ * over, so that it does not capture frames of what runs next.
  *
  * May call: loop.c's shared functions (internal.h), handle.c. */
 #define _GNU_SOURCE
@@ -23,7 +36,13 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <string.h>
+#include <time.h>
+
+#ifndef sigev_notify_thread_id
+#define sigev_notify_thread_id _sigev_un._tid
+#endif
 
 struct tl_watchdog {
     pthread_t thread;
@@ -36,8 +55,13 @@ struct tl_watchdog {
      * before it sets loop->stall_flag, read by the loop thread (with the
      * GIL) after it sees the flag. */
     int64_t since_ns;           /* the first check that saw no progress */
-    int64_t captured_ns;        /* when the stack was taken */
+    int64_t captured_ns;        /* when the stack was taken (or the signal sent) */
     PyObject *stack;            /* the capture function's result */
+    int signum;                 /* faulthandler's signal (0: none) */
+    int64_t nudge_ns;           /* how long the GIL may take before it is sent */
+    int nudged;                 /* it was sent for this stall */
+    int over;                   /* the callback returned (atomic) */
+    int attempt_done;           /* the capture attempt ended (under mu) */
 };
 
 static uint64_t
@@ -53,7 +77,8 @@ capture(tl_watchdog *wd, uint64_t seen)
     LoopObject *loop = wd->loop;
     tl_state *st = loop->state;
     unsigned long tid = TL_ATOMIC_GET(&loop->thread_id);
-    if (tid == 0 || progress(loop) != seen || st->diag_capture == NULL)
+    if (tid == 0 || progress(loop) != seen || __atomic_load_n(&wd->over, __ATOMIC_ACQUIRE) ||
+        st->diag_capture == NULL)
         return;             /* over (or never watched) while we waited for the GIL */
     PyObject *stack = PyObject_CallFunction(st->diag_capture, "k", tid);
     if (stack == NULL) {
@@ -62,7 +87,41 @@ capture(tl_watchdog *wd, uint64_t seen)
     }
     wd->captured_ns = tl_now_ns();
     Py_XSETREF(wd->stack, stack);
-    __atomic_store_n(&loop->stall_flag, 1, __ATOMIC_RELEASE);
+}
+
+/* A one-shot timer that signals the loop thread (faulthandler dumps its
+ * stack) unless disarmed within nudge_ns; 0 if armed. */
+static int
+arm_nudge(tl_watchdog *wd, timer_t *timer)
+{
+    pid_t tid = TL_ATOMIC_GET(&wd->loop->os_tid);
+    if (wd->signum <= 0 || tid <= 0)
+        return -1;
+    struct sigevent ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.sigev_notify = SIGEV_THREAD_ID;
+    ev.sigev_signo = wd->signum;
+    ev.sigev_notify_thread_id = tid;
+    if (timer_create(CLOCK_MONOTONIC, &ev, timer) != 0)
+        return -1;
+    struct itimerspec when = {.it_value = {.tv_sec = wd->nudge_ns / 1000000000,
+                                           .tv_nsec = wd->nudge_ns % 1000000000}};
+    if (timer_settime(*timer, 0, &when, NULL) != 0) {
+        timer_delete(*timer);
+        return -1;
+    }
+    return 0;
+}
+
+/* Disarm it: 1 if it had fired already. */
+static int
+disarm_nudge(timer_t timer)
+{
+    struct itimerspec off = {0}, left;
+    int fired = timer_settime(timer, 0, &off, &left) == 0 &&
+                left.it_value.tv_sec == 0 && left.it_value.tv_nsec == 0;
+    timer_delete(timer);
+    return fired;
 }
 
 static void *
@@ -98,11 +157,29 @@ watchdog_main(void *arg)
             continue;
         reported = 1;       /* once per stall */
         wd->since_ns = same_since - wd->period_ns / 2;
+        wd->nudged = 0;
+        wd->attempt_done = 0;
+        __atomic_store_n(&wd->over, 0, __ATOMIC_RELAXED);
+        /* From here the loop thread reports the stall after its callback. */
+        __atomic_store_n(&loop->stall_flag, 1, __ATOMIC_RELEASE);
         pthread_mutex_unlock(&wd->mu);
+        timer_t timer;
+        int armed = arm_nudge(wd, &timer) == 0;
+        int64_t asked = tl_now_ns();
+        /* The capture may wait as well as the GIL: a free-threaded build
+         * stops the world for sys._current_frames(), which C code holding
+         * on delays the same way. */
         PyGILState_STATE g = PyGILState_Ensure();
         capture(wd, p);
+        if (armed && disarm_nudge(timer)) {     /* the dump came first */
+            wd->nudged = 1;
+            wd->captured_ns = asked + wd->nudge_ns;
+            Py_CLEAR(wd->stack);
+        }
         PyGILState_Release(g);
         pthread_mutex_lock(&wd->mu);
+        wd->attempt_done = 1;
+        pthread_cond_broadcast(&wd->cv);
     }
     pthread_mutex_unlock(&wd->mu);
     return NULL;
@@ -132,7 +209,7 @@ tl_watchdog_stop(LoopObject *loop)
 }
 
 static int
-watchdog_start(LoopObject *loop, double threshold)
+watchdog_start(LoopObject *loop, double threshold, int signum)
 {
     tl_watchdog *wd = PyMem_RawCalloc(1, sizeof(*wd));
     if (wd == NULL) {
@@ -142,6 +219,11 @@ watchdog_start(LoopObject *loop, double threshold)
     wd->loop = loop;
     wd->threshold_ns = (int64_t)(threshold * 1e9);
     wd->period_ns = wd->threshold_ns / 4 > 1000000 ? wd->threshold_ns / 4 : 1000000;
+    /* Python code hands the GIL over within the switch interval (5 ms):
+     * the signal is for C code that does not. */
+    wd->signum = signum;
+    wd->nudge_ns = 20000000;
+    wd->attempt_done = 1;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -171,14 +253,26 @@ tl_stall_report(LoopObject *loop, PyObject *what, const char *io_name)
     tl_watchdog *wd = loop->watchdog;
     __atomic_store_n(&loop->stall_flag, 0, __ATOMIC_RELAXED);
     tl_state *st = loop->state;
-    if (wd == NULL || st->diag_report == NULL)
+    if (wd == NULL)
         return 0;
     int64_t end = tl_now_ns();
+    /* The callback is over: the watchdog's capture attempt (waiting for
+     * the GIL we hold, or for the signal's dump) ends without taking what
+     * runs next. */
+    __atomic_store_n(&wd->over, 1, __ATOMIC_RELEASE);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&wd->mu);
+    while (!wd->attempt_done && !wd->stop)
+        pthread_cond_wait(&wd->cv, &wd->mu);
+    pthread_mutex_unlock(&wd->mu);
+    Py_END_ALLOW_THREADS
+    if (st->diag_report == NULL)
+        return 0;
     PyObject *stack = wd->stack != NULL ? wd->stack : Py_None;
     PyObject *r = PyObject_CallFunction(
-        st->diag_report, "OOsdddO", (PyObject *)loop, what, io_name,
+        st->diag_report, "OOsdddOi", (PyObject *)loop, what, io_name,
         (double)(end - wd->since_ns) * 1e-9, (double)wd->since_ns * 1e-9,
-        (double)(wd->captured_ns - wd->since_ns) * 1e-9, stack);
+        (double)(wd->captured_ns - wd->since_ns) * 1e-9, stack, wd->nudged);
     Py_CLEAR(wd->stack);
     if (r == NULL)
         return -1;
@@ -346,8 +440,12 @@ loop_set_slow_callback_threshold(LoopObject *self, PyObject *arg)
 /* loop._set_stall_threshold(seconds|None) -> the previous one (None: not
  * watched).  A new threshold restarts the watchdog. */
 static PyObject *
-loop_set_stall_threshold(LoopObject *self, PyObject *arg)
+loop_set_stall_threshold(LoopObject *self, PyObject *args)
 {
+    PyObject *arg;
+    int signum = 0;
+    if (!PyArg_ParseTuple(args, "O|i:_set_stall_threshold", &arg, &signum))
+        return NULL;
     double threshold;
     if (parse_threshold(self, arg, "stall", &threshold) < 0 ||
         (arg != Py_None && tl_check_closed(self) < 0))
@@ -358,7 +456,7 @@ loop_set_stall_threshold(LoopObject *self, PyObject *arg)
     if (prev == NULL)
         return NULL;
     tl_watchdog_stop(self);
-    if (arg != Py_None && watchdog_start(self, threshold) < 0) {
+    if (arg != Py_None && watchdog_start(self, threshold, signum) < 0) {
         Py_DECREF(prev);
         return NULL;
     }
@@ -391,7 +489,7 @@ diag_setup(PyObject *module, PyObject *args)
 }
 
 const PyMethodDef tl_diag_loop_methods[] = {
-    {"_set_stall_threshold", (PyCFunction)loop_set_stall_threshold, METH_O, NULL},
+    {"_set_stall_threshold", (PyCFunction)loop_set_stall_threshold, METH_VARARGS, NULL},
     {"_set_slow_callback_threshold", (PyCFunction)loop_set_slow_callback_threshold, METH_O,
      NULL},
     {NULL, NULL, 0, NULL},
