@@ -254,7 +254,8 @@ def _label(loop):
 
 
 def _probe(loop, n_tasks):
-    """Ask the loop's thread for its top tasks; a Future of (latency, tasks)."""
+    """Ask the loop's thread for its top tasks; a Future of (latency, tasks,
+    why there are none)."""
     from . import diagnostics
     fut = concurrent.futures.Future()
     asked = time.monotonic()
@@ -262,12 +263,15 @@ def _probe(loop, n_tasks):
     def on_loop():
         if not fut.set_running_or_notify_cancel():
             return                      # the server gave up on this one
+        latency = time.monotonic() - asked
+        top = getattr(diagnostics, "top_tasks", None)
         try:
-            latency = time.monotonic() - asked
-            top = getattr(diagnostics, "top_tasks", None)
-            fut.set_result((latency, None if top is None else top(n_tasks, loop)))
-        except Exception as exc:    # noqa: BLE001 - never raised into the loop
-            fut.set_exception(exc)
+            if top is None:
+                fut.set_result((latency, None, "not available"))
+            else:
+                fut.set_result((latency, top(n_tasks, loop), None))
+        except Exception as exc:    # noqa: BLE001 - never raised into the loop (tracking off)
+            fut.set_result((latency, None, str(exc)))
 
     try:
         loop.call_soon_threadsafe(on_loop)
@@ -282,14 +286,14 @@ def _answer(fut, loop, deadline):
     thread's stack when it did not answer in time)."""
     try:
         try:
-            latency, tasks = fut.result(max(0.0, deadline - time.monotonic()))
+            latency, tasks, note = fut.result(max(0.0, deadline - time.monotonic()))
         except concurrent.futures.TimeoutError:
             if fut.cancel():
                 return None, None, "loop busy (stalled?)", _where_now(loop)
-            latency, tasks = fut.result(PROBE_TIMEOUT)      # it is answering right now
+            latency, tasks, note = fut.result(PROBE_TIMEOUT)    # it is answering right now
     except Exception as exc:        # noqa: BLE001 - shown, not raised
         return None, None, "%s: %s" % (type(exc).__name__, exc), None
-    return latency, tasks, None if tasks is not None else "not available", None
+    return latency, tasks, note, None
 
 
 def _where_now(loop):

@@ -56,6 +56,8 @@ async def main():
         path = diagnostics.serve()
         diagnostics.watch_stalls(0.05)
         diagnostics.report_slow_callbacks(0.03)
+        if hasattr(diagnostics, "track_tasks"):
+            diagnostics.track_tasks()
     elif MODE == "env":
         path = sys.modules["tideloop._diag_live"]._server.path
     loop.add_signal_handler(signal.SIGUSR1, stall)
