@@ -1,8 +1,9 @@
-"""Command line: ``python -m tideloop {run,bench} ...``.
+"""Command line: ``python -m tideloop {run,bench,top} ...``.
 
     python -m tideloop run SCRIPT [ARGS...]     run SCRIPT as __main__ on tideloop
     python -m tideloop run -m MODULE [ARGS...]  the same for a module, like python -m
     python -m tideloop bench [options]          loop micro-benchmarks (see bench --help)
+    python -m tideloop top PID [options]        a live view of a process's loops
     python -m tideloop --version
 """
 
@@ -58,6 +59,37 @@ def build_parser():
         help="micro-benchmarks: asyncio vs uvloop vs tideloop in one run",
         description=_bench.build_parser().description)
     _bench.add_arguments(bench)
+
+    top = commands.add_parser(
+        "top", prog=f"{PROG} top",
+        help="a live view of a running process's loops: health, stalls, slow "
+             "callbacks, tasks by CPU",
+        description="Show the tideloop loops of process PID, refreshed every "
+                    "--interval seconds until Ctrl-C: per loop, iterations, "
+                    "callbacks and I/O events per second, the share of time "
+                    "spent running rather than waiting in the poller, queued "
+                    "callbacks, timers and fds, callback time and scheduling "
+                    "lag percentiles, recent stalls with the line they were "
+                    "caught at, the slowest recent callbacks and the tasks that "
+                    "used the most CPU. The process opts in with "
+                    "tideloop.diagnostics.serve() or TIDELOOP_DIAGNOSTICS=serve "
+                    "(a Unix socket only its user can open). On Python 3.14 top "
+                    "attaches to a process that did not opt in with "
+                    "sys.remote_exec, if this user may ptrace it and it runs "
+                    "the same Python version.",
+        epilog="Exit status 0, or 1 with a one-line message: no such process, "
+               "permission denied, not opted in, no tideloop loop.")
+    top.add_argument("pid", type=int, metavar="PID", help="the process to look at")
+    top.add_argument("--interval", type=float, default=2.0, metavar="S",
+                     help="seconds between refreshes (default: %(default)s)")
+    top.add_argument("--once", action="store_true",
+                     help="print one frame and exit (rates over the first second)")
+    top.add_argument("--json", action="store_true",
+                     help="print the process's raw view as JSON once and exit")
+    top.add_argument("--tasks", type=int, default=10, metavar="N",
+                     help="tasks to show per loop (default: %(default)s)")
+    top.add_argument("--socket", metavar="PATH",
+                     help="the socket, when the process passed a path to serve()")
     parser.run_parser = run
     return parser
 
@@ -406,6 +438,9 @@ def main(argv=None):
     if args.command == "bench":
         from tideloop import _bench
         return _bench.run_from_args(args, invocation=("-m", "tideloop", "bench"))
+    if args.command == "top":
+        from tideloop import _diag_live
+        return _diag_live.top_main(args)
     if args.command == "run":       # only reached for odd spellings argparse accepted
         if not args.script and not args.module:
             parser.run_parser.error("a SCRIPT (or -m MODULE) to run is required")

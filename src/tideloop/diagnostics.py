@@ -25,7 +25,10 @@ relaxed atomic store, readers load it the same way.
 ``TIDELOOP_DIAGNOSTICS`` turns the optional parts on for every new loop,
 with no change to the program: comma-separated ``timing``,
 ``slow=SECONDS`` (:func:`report_slow_callbacks`), ``stalls=SECONDS``
-(:func:`watch_stalls`).
+(:func:`watch_stalls`), ``serve`` (:func:`serve`).
+
+The live view: :func:`serve` lets ``python -m tideloop top PID`` show the
+process's loops (``tideloop._diag_live`` has the server and the client).
 
 Stalls: :func:`watch_stalls` starts a watchdog thread (in C) for a loop.
 When the loop has been inside one callback for longer than the threshold,
@@ -66,7 +69,7 @@ __all__ = ["HISTOGRAM_BOUNDS", "snapshot", "reset", "diff", "summary",
            "set_callback_timing", "watch_stalls", "stop_watching_stalls", "stalls",
            "report_slow_callbacks", "slow_callbacks", "logger", "PrometheusCollector",
            "loops", "subscribe", "unsubscribe", "track_tasks", "task_stats", "top_tasks",
-           "task_leaks", "report_task_leaks"]
+           "task_leaks", "report_task_leaks", "serve", "stop_serving"]
 
 #: Where stall reports are logged (WARNING, with ``extra={"tideloop_stall":
 #: report}``).
@@ -95,6 +98,22 @@ def loops():
     """Every tideloop loop of the process that is not closed."""
     from . import _LOOPS
     return [lp for lp in list(_LOOPS) if not lp.is_closed()]
+
+
+def serve(path=None):
+    """Serve the live view (``python -m tideloop top PID``) from a daemon
+    thread, once per process: a Unix socket, mode 0600, ``<pid>.sock`` in
+    ``$XDG_RUNTIME_DIR/tideloop`` or else ``/tmp/tideloop-<uid>`` (mode 0700,
+    refused if another user owns it or others may enter it), removed at
+    exit.  Returns its path (the running server's, when it runs)."""
+    from . import _diag_live
+    return _diag_live.serve(path)
+
+
+def stop_serving():
+    """Stop serving the live view and remove the socket."""
+    from . import _diag_live
+    _diag_live.stop_serving()
 
 
 # -- reports to subscribers ---------------------------------------------------
@@ -630,7 +649,8 @@ def _rate_limited(table, loop):
 
 def _from_environment(loop, spec):
     """TIDELOOP_DIAGNOSTICS for each new loop: comma-separated ``timing``,
-    ``slow=SECONDS``, ``stalls=SECONDS``, ``tasks`` (``tasks=origins``)."""
+    ``slow=SECONDS``, ``stalls=SECONDS``, ``tasks`` (``tasks=origins``),
+    ``serve``."""
     for item in filter(None, (x.strip() for x in spec.split(","))):
         name, _, value = item.partition("=")
         if name == "timing" and not value:
@@ -641,9 +661,15 @@ def _from_environment(loop, spec):
             report_slow_callbacks(float(value), loop)
         elif name == "stalls" and value:
             watch_stalls(float(value), loop)
+        elif name == "serve" and not value:
+            try:
+                serve()
+            except OSError as exc:      # the program runs on without the view
+                logger.warning("TIDELOOP_DIAGNOSTICS=serve: cannot serve the live view: %s",
+                               exc)
         else:
             raise ValueError("TIDELOOP_DIAGNOSTICS: unknown item %r (timing, slow=SECONDS, "
-                             "stalls=SECONDS, tasks, tasks=origins)" % item)
+                             "stalls=SECONDS, tasks, tasks=origins, serve)" % item)
 
 
 @atexit.register
