@@ -12,13 +12,16 @@ script prints what each tool shows (the log records, the stall's stack, the
 slow step's task and await chain, the top tasks by CPU, the leak report,
 the health summary) and exits 1 unless the tools found the planted faults:
 the stall's stack ends on the blocking line, the slow step is the
-handler's, the handler's task tops the CPU list, and the audit tasks are in
-the leak report with the line that created them.
+handler's, the handler's task tops the CPU list, the audit tasks are in
+the leak report with the line that created them, and ``python -m tideloop
+top`` run on this process (which calls diagnostics.serve()) shows the
+blocking function and the handler's task while the service keeps answering.
 
     PYTHONPATH=src python examples/slow_service.py
 """
 import asyncio
 import logging
+import os
 import sys
 import time
 
@@ -66,6 +69,20 @@ async def main():
     after = diagnostics.snapshot()
     print("\n== top_tasks(3), the connection still open")
     top = diagnostics.top_tasks(3)
+    # The live view, from another process, while the service keeps
+    # answering (keys that do not block: the stalls above stay the last).
+    diagnostics.serve()
+    viewer = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tideloop", "top", str(os.getpid()), "--once",
+        stdout=asyncio.subprocess.PIPE)
+    looking = asyncio.create_task(viewer.communicate())
+    requests = 60
+    while not looking.done():
+        writer.write(b"0\n")
+        assert int(await reader.readline()) == 0
+        requests += 1
+        await asyncio.sleep(0.005)
+    view = looking.result()[0].decode()
     writer.close()
     await writer.wait_closed()
     while not HANDLED:              # the handler sees the end and returns
@@ -75,9 +92,12 @@ async def main():
     for t in top:
         print("%-8s %-8s %-10s cpu %.3f s in %d steps, age %.3f s" % (
             t["task"], t["coroutine"], t["state"], t["cpu"], t["steps"], t["age"]))
-    print("\n== report_task_leaks(pending_for=1.0)")
-    leaks = diagnostics.report_task_leaks(pending_for=1.0)
-    return loop, diagnostics.diff(before, after), top, leaks
+    print("\n== python -m tideloop top PID --once (exit status %d)" % viewer.returncode)
+    print(view.rstrip())
+    print("\n== report_task_leaks(pending_for=60)")
+    leaks = diagnostics.report_task_leaks(pending_for=60)
+    live = viewer.returncode == 0 and "cache_lookup" in view and "handle" in view
+    return loop, diagnostics.diff(before, after), top, leaks, (live, requests)
 
 
 def fmt(summary):
@@ -91,7 +111,7 @@ if __name__ == "__main__":
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     loop = tideloop.new_event_loop()
     try:
-        loop, health, top, leaks = loop.run_until_complete(main())
+        loop, health, top, leaks, (live, requests) = loop.run_until_complete(main())
         stalls = diagnostics.stalls(loop)
         slow = diagnostics.slow_callbacks(loop)
     finally:
@@ -112,6 +132,6 @@ if __name__ == "__main__":
                                      r["started"][0] == "handle" for r in slow)
           and top[0]["coroutine"] == "handle" and top[0]["cpu"] >= 0.36
           and [(g["coroutine"], g["count"], g["origin"][1]) for g in leaks["unwaited"]]
-          == [("audit", 60, AUDIT_LINE)] and leaks["pending"] == [])
+          == [("audit", requests, AUDIT_LINE)] and leaks["pending"] == [] and live)
     print("verdict:", "OK" if ok else "FAILED")
     sys.exit(0 if ok else 1)

@@ -572,7 +572,8 @@ def task_leaks(pending_for=60.0, loop=None):
     them (no done callback: not awaited, gathered, in a TaskGroup or
     waited on) and nobody held them (so that nobody could await them
     later): fire-and-forget tasks whose result or exception was lost,
-    counted whether collected since or not.  Each group: ``coroutine``, ``origin``,
+    counted whether collected since or not.  Coroutines of asyncio's own
+    modules are left out (asyncio starts some such tasks by design).  Each group: ``coroutine``, ``origin``,
     ``count``, ``tasks`` (names of up to 5 live ones) and, for pending
     ones, ``oldest`` (s).  ``untracked``: tasks not tracked (over 65,536
     alive at once)."""

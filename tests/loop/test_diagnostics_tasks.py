@@ -82,6 +82,7 @@ def test_a_task_nobody_awaits_is_a_leak(tl):
         kept = [asyncio.create_task(short(), name="awaited")]
         asyncio.create_task(short(), name="forgotten")      # the planted faults
         asyncio.create_task(timed(), name="forgotten too")
+        asyncio.create_task(asyncio.sleep(0), name="asyncio's own")  # not reported
         waited = asyncio.create_task(short(), name="waited-on")
         await asyncio.wait([waited])
         async with asyncio.TaskGroup() as group:

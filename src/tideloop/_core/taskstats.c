@@ -213,17 +213,28 @@ creation_site(tl_state *st)
 }
 
 /* The coroutine's qualified name of a Task (a new reference, or NULL
- * without an error). */
+ * without an error).  *internal: the coroutine is asyncio's own (a
+ * subprocess transport's _connect_pipes, say): its fire-and-forget tasks
+ * are by design, their outcome goes elsewhere. */
 static PyObject *
-coro_qualname(tl_state *st, PyObject *task)
+coro_qualname(tl_state *st, PyObject *task, int *internal)
 {
+    *internal = 0;
     PyObject *coro = PyObject_CallMethodNoArgs(task, st->str_get_coro);
     PyObject *name = coro != NULL ? PyObject_GetAttr(coro, st->str_qualname) : NULL;
+    if (coro != NULL && PyCoro_CheckExact(coro) && st->diag_asyncio_dir != NULL) {
+        PyCodeObject *code = (PyCodeObject *)PyObject_GetAttrString(coro, "cr_code");
+        if (code != NULL && PyCode_Check(code))
+            *internal = PyUnicode_Tailmatch(code->co_filename, st->diag_asyncio_dir, 0,
+                                            PY_SSIZE_T_MAX, -1) == 1;
+        Py_XDECREF(code);
+    }
     Py_XDECREF(coro);
     if (name == NULL || !PyUnicode_Check(name)) {
         PyErr_Clear();
         Py_CLEAR(name);
     }
+    PyErr_Clear();
     return name;
 }
 
@@ -286,8 +297,10 @@ tl_tasks_step_done(LoopObject *loop, PyObject *task, int64_t took_ns, int64_t no
      * nobody can await it any more; its result or exception is lost. */
     if (Py_REFCNT(task) <= TL_TASK_REFS_WHILE_STEPPING &&
         !done_callback_queued(loop, task, queued)) {
-        e->flags |= TL_TASK_UNWAITED;
-        Py_XSETREF(e->qualname, coro_qualname(loop->state, task));
+        int internal;
+        Py_XSETREF(e->qualname, coro_qualname(loop->state, task, &internal));
+        if (!internal)
+            e->flags |= TL_TASK_UNWAITED;
     }
 }
 
