@@ -559,12 +559,18 @@ run_once(LoopObject *self)
             return -1;
         n = 0;
     }
+    /* The I/O callbacks queued now were ready when the poll returned:
+     * their wait counts from then, without another clock read. */
+    if (n > 0 && self->ready.first_ns == 0)
+        self->ready.first_ns = woke_ns;
     if (n > 0 && dispatch_events(self, n) < 0)
         return -1;
 
     /* Expired timers, in deadline order (ties in scheduling order). */
+    int64_t start_ns = woke_ns;     /* of the batch, then of each callback */
     if (self->timers.len) {
         double now = tl_monotonic();
+        start_ns = (int64_t)(now * 1e9);
         double end_time = now + self->clock_resolution;
         tl_heap_node *top;
         while ((top = tl_heap_top(&self->timers)) != NULL &&
@@ -581,12 +587,8 @@ run_once(LoopObject *self)
 
     /* Only what was ready now: callbacks scheduled from here wait. */
     size_t ntodo = self->ready.len;
-    int64_t start_ns = woke_ns;     /* of the batch, then of each callback */
-    if (ntodo) {
-        start_ns = tl_now_ns();
-        if (self->ready.first_ns != 0)
-            tl_hist_record(&health->lag, start_ns - self->ready.first_ns);
-    }
+    if (ntodo && self->ready.first_ns != 0)
+        tl_hist_record(&health->lag, start_ns - self->ready.first_ns);
     self->ready.first_ns = 0;
     int timing = tl_health_timed(health);
     int entered = 0;
