@@ -192,6 +192,13 @@ def leg_steps(leg, args, py, env, venv, logf):
                         cmd, env=test_env)
         res["pytest"] = pytest_counts(logf)
         ok = ok_tests
+        if leg.endswith("t"):
+            # The diagnostics' detectors (a stall's stack, a task's CPU, the
+            # leak report) with the GIL really off as well (issue 13).
+            ok = step("diagnostics without the GIL",
+                      [vpy, "-m", "pytest", "tests/loop/test_diagnostics.py",
+                       "tests/loop/test_diagnostics_tasks.py", "-q", "-p", "no:cacheprovider"],
+                      env=dict(env, PYTHON_GIL="0")) and ok
         if not args.no_conformance and leg in args.conformance_legs:
             cj = os.path.join(logdir, f"conformance-{leg}.json")
             ok_conf = step("conformance", [vpy, "tests/conformance/run.py", "--loop", "both",
