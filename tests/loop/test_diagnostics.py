@@ -336,6 +336,22 @@ def test_c_code_holding_the_gil_is_caught_on_its_line(tl, caplog):
     assert second["capture_delay"] < second["duration"] - 0.05
 
 
+def test_no_signal_once_faulthandler_lets_go_of_it(tl):
+    # The default action of the real-time signal would end the process.
+    import faulthandler
+    diagnostics.watch_stalls(0.05, tl)
+    signum = diagnostics._dump_signal()
+    assert signum and faulthandler.unregister(signum)
+    try:
+        tl.call_soon(gil_holder, sum_size(0.2))
+        spin(tl)
+        [report] = diagnostics.stalls(tl)
+        assert report["captured_by"] != "signal"
+    finally:
+        faulthandler.register(signum, file=diagnostics._dump[1], all_threads=False,
+                              chain=False)
+
+
 def test_no_stall_while_idle_or_busy_with_short_callbacks(tl):
     diagnostics.watch_stalls(0.05, tl)
 

@@ -97,6 +97,12 @@ arm_nudge(tl_watchdog *wd, timer_t *timer)
     pid_t tid = TL_ATOMIC_GET(&wd->loop->os_tid);
     if (wd->signum <= 0 || tid <= 0)
         return -1;
+    /* Only while faulthandler (or anyone) handles it: the default action
+     * of a real-time signal ends the process. */
+    struct sigaction now;
+    if (sigaction(wd->signum, NULL, &now) != 0 || now.sa_handler == SIG_DFL ||
+        now.sa_handler == SIG_IGN)
+        return -1;
     struct sigevent ev;
     memset(&ev, 0, sizeof(ev));
     ev.sigev_notify = SIGEV_THREAD_ID;
