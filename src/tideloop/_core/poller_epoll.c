@@ -115,7 +115,11 @@ tl_poller_poll(tl_poller *p, tl_poll_event *out, int max, int64_t timeout_ns)
             ts.tv_nsec = timeout_ns % 1000000000;
             tsp = &ts;
         }
-        n = epoll_pwait2(p->epfd, p->evbuf, max, tsp, NULL);
+        /* The raw system call: glibc's wrapper is a 2.35 symbol, and the
+         * only one that would keep the wheel from manylinux_2_34 (the
+         * kernel's support is probed at run time anyway).  On 64-bit
+         * Linux, struct timespec is the kernel's. */
+        n = (int)syscall(SYS_epoll_pwait2, p->epfd, p->evbuf, max, tsp, NULL, (size_t)0);
         if (n < 0 && errno == ENOSYS)
             p->have_pwait2 = 0;
         else
