@@ -317,7 +317,7 @@ def gil_holder(n):
 
 def test_c_code_holding_the_gil_is_caught_on_its_line(tl, caplog):
     diagnostics.watch_stalls(0.05, tl)
-    n = sum_size(0.5)
+    n = sum_size(0.6)     # at least 0.15 s even if measured on a busy machine
     tl.call_soon(gil_holder, n)
     tl.call_soon(sum, range(n))         # a C callback: no Python frame of its own
     with caplog.at_level("WARNING", logger="tideloop.diagnostics"):
@@ -326,16 +326,16 @@ def test_c_code_holding_the_gil_is_caught_on_its_line(tl, caplog):
     line = gil_holder.__code__.co_firstlineno + 1
     assert first["stack"][-1][:3] == (__file__, line, "gil_holder")
     assert first["stack"][-1][3].startswith("sum(range(n))")
-    assert first["duration"] >= 0.25
+    assert first["duration"] >= 0.15
     # taken during the stall, not when the GIL came back
-    assert first["capture_delay"] < first["duration"] - 0.1
+    assert first["capture_delay"] < first["duration"] - 0.05
     if sys._is_gil_enabled() if hasattr(sys, "_is_gil_enabled") else True:
         assert first["captured_by"] == second["captured_by"] == "signal"
         assert "by signal: C code held the GIL" in caplog.records[0].getMessage()
     # the C callback's stall is reported too, with the frames under it
-    assert "sum(" in second["callback"] and second["duration"] >= 0.25
+    assert "sum(" in second["callback"] and second["duration"] >= 0.15
     assert second["stack"][-1][2] == "spin"
-    assert second["capture_delay"] < second["duration"] - 0.1
+    assert second["capture_delay"] < second["duration"] - 0.05
 
 
 def test_no_signal_once_faulthandler_lets_go_of_it(tl):
