@@ -240,7 +240,7 @@ def load(path):
 # The SVG's ids come from this salt instead of a random one, and no date is
 # written: the same document always gives the same bytes.
 SVG_RC = {"svg.hashsalt": "tideloop-plot", "svg.fonttype": "none"}
-BAR_HEIGHT = 0.36                 # of a group's 1.0: two bars and a gap
+BAR_SLOT = 0.36        # a bar's share of its row (1.0 on the y axis): two bars and a gap
 
 
 def draw(doc, path, title=None):
@@ -254,14 +254,14 @@ def draw(doc, path, title=None):
     from matplotlib.figure import Figure
 
     n = len(chart.rows)
-    width = BAR_HEIGHT if len(chart.series) <= 2 else 0.8 / len(chart.series)
+    slot = BAR_SLOT if len(chart.series) <= 2 else 0.8 / len(chart.series)
     with matplotlib.rc_context(SVG_RC):
-        fig = Figure(figsize=(8.0, 1.2 + n * (0.12 + 0.6 * width * len(chart.series))))
+        fig = Figure(figsize=(8.0, 1.2 + n * (0.12 + 0.6 * slot * len(chart.series))))
         ax = fig.add_subplot()
         top = 0.0
         labelled = set()              # one legend entry per loop
         for s, loop in enumerate(chart.series):
-            offset = (s - (len(chart.series) - 1) / 2) * width
+            offset = (s - (len(chart.series) - 1) / 2) * slot
             for i, (_, speeds) in enumerate(chart.rows):
                 y = i + offset
                 x = speeds[loop]
@@ -269,7 +269,7 @@ def draw(doc, path, title=None):
                     ax.text(0.02, y, "n/a", va="center", fontsize=7, color="#555555",
                             transform=ax.get_yaxis_transform())
                     continue
-                (bar,) = ax.barh(y, x, height=width * 0.92, color=COLOURS.get(loop),
+                (bar,) = ax.barh(y, x, height=slot * 0.92, color=COLOURS.get(loop),
                                  label=None if loop in labelled else loop)
                 labelled.add(loop)
                 bar.set_gid(f"bar-{loop}-{i}")
@@ -299,9 +299,9 @@ def draw(doc, path, title=None):
 
 
 def draw_run(doc, path, title=None):
-    """``--plot PATH`` of a benchmark: draw the run just measured, say where.
-    Returns 0, or 1 after saying why it could not be drawn (the run's table
-    and JSON are already out)."""
+    """Draw ``doc`` and say where (``--plot PATH`` of a benchmark, the
+    command line here).  Returns 0, or 1 after saying why it could not be
+    drawn (a benchmark's table and JSON are already out then)."""
     try:
         draw(doc, path, title)
     except (PlotError, MatplotlibMissing, OSError) as exc:
@@ -353,12 +353,10 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         doc = load(args.results)
-        draw(doc, args.out, args.title)
-    except (PlotError, MatplotlibMissing, OSError) as exc:
+    except (PlotError, OSError) as exc:
         print(f"plot: error: {exc}", file=sys.stderr)
         return 1
-    print(f"wrote {args.out}")
-    return 0
+    return draw_run(doc, args.out, args.title)
 
 
 if __name__ == "__main__":
