@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 
-from _harness import harness, procs
+from _harness import harness, plot, procs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -432,6 +432,7 @@ def build_parser():
     p.add_argument("--no-floor", dest="floor", action="store_false",
                    help="do not measure the blocking no-loop floor of the pipe rows")
     harness.add_output_options(p)
+    plot.add_plot_option(p)
     p.add_argument("--rebuild", action="store_true",
                    help="recompile bench/udpgen.c even when up to date")
     harness.add_verdict_options(p)
@@ -472,6 +473,9 @@ def main(argv=None):
                               warmups=(0.2, 0.5), src=SRC)
     if cfg is None:
         return 2
+    bad_plot = plot.check_plot_option(args.plot)
+    if bad_plot is not None:
+        return bad_plot
     cfg.workloads = cfg.only
     for name in ("count", "concurrency", "bytes"):
         v = getattr(args, name)
@@ -536,17 +540,19 @@ def main(argv=None):
             print(line)
     harness.print_reproduce(command, elapsed)
 
+    doc = harness.json_head("tideloop-iobench/1", command, started, elapsed)
+    doc.update({
+        "repeat": cfg.repeat, "quick": args.quick,
+        "udp_duration_s": cfg.duration, "udp_warmup_s": cfg.warmup,
+        "quiet_wait_s": cfg.quiet_wait,
+        "targets": dict(TARGETS),
+        "environment": procs.environment(cpus, ROOT, versions, core),
+        "results": results,
+    })
     if args.json:
-        doc = harness.json_head("tideloop-iobench/1", command, started, elapsed)
-        doc.update({
-            "repeat": cfg.repeat, "quick": args.quick,
-            "udp_duration_s": cfg.duration, "udp_warmup_s": cfg.warmup,
-            "quiet_wait_s": cfg.quiet_wait,
-            "targets": dict(TARGETS),
-            "environment": procs.environment(cpus, ROOT, versions, core),
-            "results": results,
-        })
         harness.write_json(args.json, doc)
+    if args.plot and plot.draw_run(doc, args.plot):
+        return 1
 
     return harness.missed(results) if args.fail_on_miss else 0
 
