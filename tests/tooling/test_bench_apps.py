@@ -12,17 +12,22 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "bench")
 
 
-@pytest.fixture(scope="module")
-def apps():
-    sys.path.insert(0, BENCH)          # apps.py imports bench/_harness.py
+def _load(filename, name):
+    """bench/FILENAME as module NAME (bench/ on sys.path meanwhile: the
+    scripts import bench/_harness.py and each other)."""
+    sys.path.insert(0, BENCH)
     try:
-        spec = importlib.util.spec_from_file_location("bench_apps_under_test",
-                                                      os.path.join(BENCH, "apps.py"))
+        spec = importlib.util.spec_from_file_location(name, os.path.join(BENCH, filename))
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        yield module
+        return module
     finally:
         sys.path.remove(BENCH)
+
+
+@pytest.fixture(scope="module")
+def apps():
+    return _load("apps.py", "bench_apps_under_test")
 
 
 WRK_REPORT = """\
@@ -118,3 +123,99 @@ def test_errors_skips_and_exit_status(apps):
     assert apps.exit_status([ok, err]) == 1                 # a crash is
     assert apps.exit_status([uv_err]) == 1
     assert apps.exit_status([skip]) == 0
+
+
+# --- bench/apps_callgrind.py: the callgrind file summed per object, the verdict
+
+
+@pytest.fixture(scope="module")
+def cg():
+    return _load("apps_callgrind.py", "bench_apps_callgrind_under_test")
+
+
+CALLGRIND_FILE = """\
+# callgrind format
+version: 1
+creator: callgrind-3.19.0
+pid: 1234
+cmd:  python3 apps_worker.py
+part: 1
+
+positions: line
+events: Ir
+summary: 1111
+
+ob=(1) /usr/lib/libpython3.11.so.1.0
+fl=(1) Python/ceval.c
+fn=(1) _PyEval_EvalFrameDefault
+10 500
++2 100
+cob=(2) /site-packages/tideloop/_core.cpython-311-x86_64-linux-gnu.so
+cfl=(2) loop.c
+cfn=(2) loop_run_once
+calls=1 20
+* 9999
+ob=(2)
+fl=(2)
+fn=(2)
+20 300
+fi=(3) include/inline.h
+21 11
+ob=(3) /usr/lib/x86_64-linux-gnu/libc.so.6
+fl=(4) ???
+fn=(3) epoll_wait
+0 150
+ob=(1)
+fl=(1)
+fn=(1)
+-1 50
+"""
+
+
+def test_callgrind_self_cost_per_object(cg, tmp_path):
+    path = tmp_path / "callgrind.out.1234.1"
+    path.write_text(CALLGRIND_FILE)
+    by_obj, by_fn, total = cg.read_callgrind(str(path))
+    # the call's inclusive 9999 is not self cost; the inlined file's 11 is the function's
+    assert by_obj == {"/usr/lib/libpython3.11.so.1.0": 650,
+                      "/site-packages/tideloop/_core.cpython-311-x86_64-linux-gnu.so": 311,
+                      "/usr/lib/x86_64-linux-gnu/libc.so.6": 150}
+    assert total == sum(by_obj.values()) == 1111
+    assert by_fn[("/usr/lib/x86_64-linux-gnu/libc.so.6", "epoll_wait")] == 150
+    b = cg.breakdown(by_obj, by_fn, ops=10)
+    assert b["ir_per_op"] == pytest.approx(111.1)
+    assert b["categories"] == {"loop": 31.1, "interpreter": 65.0, "framework": 0.0,
+                               "libc": 15.0, "other": 0.0}
+
+
+@pytest.mark.parametrize("obj, category", [
+    ("/x/src/tideloop/_core.cpython-311-x86_64-linux-gnu.so", "loop"),
+    ("/v/lib/python3.11/site-packages/uvloop/loop.cpython-311-x86_64-linux-gnu.so", "loop"),
+    ("/v/lib/python3.11/site-packages/httptools/parser/parser.cpython-311.so", "framework"),
+    ("/v/lib/python3.11/site-packages/asyncpg/protocol/protocol.cpython-311.so", "framework"),
+    ("/v/lib/libpython3.11.so.1.0", "interpreter"),
+    ("/v/lib/python3.11/lib-dynload/_asyncio.cpython-311-x86_64-linux-gnu.so", "interpreter"),
+    ("/usr/lib/x86_64-linux-gnu/libc.so.6", "libc"),
+    ("???", "other"),
+])
+def test_callgrind_categories(cg, obj, category):
+    assert cg.classify(obj, prefixes=("/nowhere",)) == category
+
+
+def _bd(**cats):
+    full = dict.fromkeys(("loop", "interpreter", "framework", "libc", "other"), 0.0)
+    full.update(cats)
+    return {"ir_per_op": sum(full.values()), "categories": full, "functions": {}}
+
+
+def test_callgrind_verdict_names_where_the_difference_is(cg):
+    in_loop = cg.compare(_bd(loop=3000, interpreter=10000), _bd(loop=1000, interpreter=10500))
+    assert in_loop["largest"] == "loop" and in_loop["in_loop"]
+    assert in_loop["gap_ir_per_op"] == 1500
+    assert "most of the extra instructions are in the loop" in in_loop["verdict"]
+    outside = cg.compare(_bd(loop=900, interpreter=12000), _bd(loop=1000, interpreter=10000))
+    assert outside["largest"] == "interpreter" and not outside["in_loop"]
+    assert "outside the loop, in interpreter" in outside["verdict"]
+    fewer = cg.compare(_bd(loop=500, interpreter=10000), _bd(loop=2000, interpreter=10000))
+    assert fewer["gap_ir_per_op"] < 0
+    assert "fewer user-space instructions" in fewer["verdict"]
