@@ -194,19 +194,24 @@ def compare(tl, uv):
             + ", ".join(f"{k} {diff[k]:+,.0f}" for k in CATEGORIES) + "; ")
     if gap > 0:
         where = "in the loop" if worst == "loop" else f"outside the loop, in {worst}"
-        text = head + f"most of the extra instructions are {where} ({share:.0%} of them)"
+        text = head + f"most of the extra instructions are {where} ({share:.0%} of the net difference)"
     else:
         text = head + ("tideloop executes fewer user-space instructions, "
                        + ("most of the saving in its loop" if worst == "loop"
                           else f"most of the saving in {worst}")
                        + ": a CPU/op miss is not in them (kernel time, cache misses or noise)")
+    # the best tideloop could do on instructions by making its loop free
+    bound = (tl["ir_per_op"] - tl["categories"]["loop"]) / uv["ir_per_op"]
     text += (f"; the loop is {tl_loop_share:.1%} of tideloop's instructions and "
-             f"{uv_loop_share:.1%} of uvloop's")
+             f"{uv_loop_share:.1%} of uvloop's: with a loop costing nothing tideloop would "
+             f"still execute {bound:.2f}x uvloop's instructions")
     fn_diff = {}
     for name in set(tl["functions"]) | set(uv["functions"]):
         fn_diff[name] = tl["functions"].get(name, 0.0) - uv["functions"].get(name, 0.0)
     top = dict(sorted(fn_diff.items(), key=lambda kv: -abs(kv[1]))[:10])
     return {"gap_ir_per_op": gap, "gap_share": gap / uv["ir_per_op"],
+            "free_loop_bound": bound, "loop_share": {"tideloop": tl_loop_share,
+                                                     "uvloop": uv_loop_share},
             "by_category": diff, "largest": worst, "largest_share": share,
             "in_loop": worst == "loop", "verdict": text, "functions_diff": top}
 
@@ -334,6 +339,37 @@ def table(rows):
     return header, body
 
 
+def report(rows, markdown):
+    """The table, one verdict line per row, how to read them."""
+    header, body = table(rows)
+    print()
+    print(harness.markdown_table(header, body, left={0, 1, 2}) if markdown
+          else harness.text_table(header, body, left={0, 1, 2}))
+    print()
+    for r in rows:
+        if "comparison" in r:
+            print(f"- {r['row']}: {r['comparison']['verdict']}")
+    print()
+    print("instr/op = instructions executed (callgrind Ir, self cost summed per ELF object) "
+          "per op in the measured window; loop share = the loop category's part of them; "
+          "kernel share = system time / CPU time of the row in the timing run (--results), "
+          "which callgrind does not count.")
+
+
+def rerender(path, markdown):
+    """--report: the verdicts again from a saved --json document (with this
+    version's comparison), without running anything."""
+    with open(path) as f:
+        doc = json.load(f)
+    rows = doc["rows"]
+    for r in rows:
+        if "tideloop" in r["loops"] and "uvloop" in r["loops"]:
+            r["comparison"] = compare(r["loops"]["tideloop"], r["loops"]["uvloop"])
+    report(rows, markdown)
+    print(f"from {path}: {doc['command']}")
+    return 0
+
+
 def build_parser():
     p = argparse.ArgumentParser(
         prog="bench/apps_callgrind.py",
@@ -355,6 +391,8 @@ def build_parser():
                         "(default: %(default)s), one COPY/fetch round")
     p.add_argument("--keep", default=None, metavar="DIR",
                    help="keep the callgrind files in DIR")
+    p.add_argument("--report", default=None, metavar="JSON",
+                   help="print the table and verdicts of a saved --json document and exit")
     harness.add_output_options(p)
     return p
 
@@ -363,6 +401,8 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     started = time.time()
     log = harness.log_stderr
+    if args.report:
+        return rerender(args.report, args.markdown)
     for tool in ("valgrind", "callgrind_control"):
         if not shutil.which(tool):
             return harness.usage_error(f"apps_callgrind: {tool} is not installed "
@@ -429,19 +469,7 @@ def main(argv=None):
         if not args.keep:
             shutil.rmtree(outdir, ignore_errors=True)
 
-    header, body = table(out_rows)
-    print()
-    print(harness.markdown_table(header, body, left={0, 1, 2}) if args.markdown
-          else harness.text_table(header, body, left={0, 1, 2}))
-    print()
-    for r in out_rows:
-        if "comparison" in r:
-            print(f"- {r['row']}: {r['comparison']['verdict']}")
-    print()
-    print("instr/op = instructions executed (callgrind Ir, self cost summed per ELF object) "
-          "per op in the measured window; loop share = the loop category's part of them; "
-          "kernel share = system time / CPU time of the row in the timing run (--results), "
-          "which callgrind does not count.")
+    report(out_rows, args.markdown)
     command = " ".join(["python3"] + harness.script_invocation(__file__) + sys.argv[1:])
     harness.print_reproduce(command, time.time() - started)
     if args.json:

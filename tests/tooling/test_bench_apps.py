@@ -213,6 +213,8 @@ def test_callgrind_verdict_names_where_the_difference_is(cg):
     assert in_loop["largest"] == "loop" and in_loop["in_loop"]
     assert in_loop["gap_ir_per_op"] == 1500
     assert "most of the extra instructions are in the loop" in in_loop["verdict"]
+    # tideloop without its loop's 3000: 10000 of uvloop's 11500
+    assert in_loop["free_loop_bound"] == pytest.approx(10000 / 11500)
     outside = cg.compare(_bd(loop=900, interpreter=12000), _bd(loop=1000, interpreter=10000))
     assert outside["largest"] == "interpreter" and not outside["in_loop"]
     assert "outside the loop, in interpreter" in outside["verdict"]
