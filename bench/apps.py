@@ -3,7 +3,7 @@
 clients and websockets on asyncio, uvloop and tideloop, with the services
 they talk to started by this script.
 
-    python bench/apps.py                                  # every row, ~15 min
+    python bench/apps.py                                  # every row, 3 repeats: ~8 min
     python bench/apps.py --quick --repeat 1               # CI smoke, ~1 min
     python bench/apps.py --only uvicorn-text,redis --repeat 5
     python bench/apps.py --markdown --json results/apps.json
