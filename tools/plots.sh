@@ -7,6 +7,7 @@
 #
 #   bash tools/plots.sh              # micro, net and io
 #   bash tools/plots.sh micro net    # some of them
+#   bash tools/plots.sh apps         # the real-app benchmark (its services, ~14 min)
 #   python3 -m tideloop._bench.plot results/net.json docs/plots/net.svg   # redraw only
 #
 # The runs: micro-benchmarks with their defaults (full sizes, median of 5);
@@ -26,6 +27,7 @@ for name in "$@"; do
         micro) "$PY" -m tideloop bench "${out[@]}" ;;
         net)   "$PY" bench/net.py --quick "${out[@]}" ;;
         io)    "$PY" bench/io.py "${out[@]}" ;;
-        *)     echo "plots.sh: unknown benchmark '$name' (micro, net, io)" >&2; exit 2 ;;
+        apps)  "$PY" bench/apps.py --repeat 5 "${out[@]}" ;;   # about 14 minutes: by name only
+        *)     echo "plots.sh: unknown benchmark '$name' (micro, net, io, apps)" >&2; exit 2 ;;
     esac
 done

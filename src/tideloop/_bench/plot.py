@@ -73,6 +73,8 @@ KNOWN = {
     "microbench": ("Loop micro-benchmarks (python -m tideloop bench)", "ns_per_op"),
     "netbench": ("Echo servers (bench/net.py)", "cpu_us_per_req"),
     "iobench": ("UDP, subprocesses, pipes (bench/io.py)", "cpu_per_unit"),
+    # its rows keep net.py's key, but count requests, queries, commands, messages
+    "appbench": ("Real apps (bench/apps.py)", "cpu_us_per_req"),
 }
 
 COLOURS = {"asyncio": "#9e9e9e", "uvloop": "#e08a2c", "tideloop": "#1f6fb4"}
@@ -161,6 +163,8 @@ def _figure_key(doc, name, rows):
 
 
 def _figure_name(doc, key):
+    if key == "cpu_us_per_req" and format_name(doc) == "appbench":
+        return "CPU per operation"
     if key == "ns_per_op" and doc.get("clock") == "cpu":
         return FIGURE_NAMES["cpu_ns_per_op"]
     if key == "ns_per_op" and doc.get("clock") == "wall":
