@@ -78,6 +78,7 @@ FORMAT = "tideloop-appbench/1"
 TARGETS = {"uvloop": 0.90}                  # tideloop CPU per op / uvloop's <= 0.90
 HTTP_CONNS = 50
 GUNICORN_WORKERS = 2
+PRIME_PER_PROCESS = 4      # prime(): gunicorn's kernel picks the worker of a connection
 POOL_SIZE = 10
 RUN_TIMEOUT = 300.0
 START_TIMEOUT = 30.0
@@ -492,10 +493,43 @@ class Probe:
         self.t = time.monotonic()
 
 
+def prime(port, path, count=1):
+    """``count`` requests for ``path``, one at a time, each on its own keep-alive
+    connection (the request wrk sends), before any load.
+
+    A server's first request then runs to its end on its own, on every loop.
+    Otherwise how many requests a loop starts before the first one finishes
+    lasts for the whole process on CPython 3.11: the attribute names a class's
+    instances share (its cached keys) stop growing once ~30 instances exist,
+    so an attribute first set after that -- aiohttp's StreamWriter sets
+    ``buffer_size`` and ``output_size`` only when it writes -- makes every
+    later instance build its own __dict__ (about +4k interpreter instructions
+    per aiohttp request, bench/apps_calls.py --callgrind).  Under wrk's 50
+    connections at once, tideloop (which, as asyncio, accepts the pending
+    connections and reads their requests in one pass) made 11-50 writers
+    before the first response, uvloop 4-10."""
+    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    for _ in range(count):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(request)
+            buf = b""
+            while True:
+                end = buf.find(b"\r\n\r\n")
+                if end >= 0:
+                    m = re.search(rb"(?im)^content-length:\s*(\d+)", buf[:end])
+                    if m is None or len(buf) >= end + 4 + int(m.group(1)):
+                        break
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise harness.RunError(f"the server closed the priming request for {path}")
+                buf += chunk
+
+
 def measure_http(cfg, row, pids, port, script, check_pids=None):
-    """A warm-up wrk run, then the measured one between two probes of
-    ``pids``' CPU.  Returns the sample."""
+    """Priming requests (prime()), a warm-up wrk run, then the measured one
+    between two probes of ``pids``' CPU.  Returns the sample."""
     url = f"http://127.0.0.1:{port}{row.path}"
+    prime(port, row.path, PRIME_PER_PROCESS * len(pids))
     _check_wrk(run_wrk(cfg, url, cfg.warmup, script), "warm-up")
     start = Probe(pids)
     result = run_wrk(cfg, url, cfg.duration, script)

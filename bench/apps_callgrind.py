@@ -13,7 +13,8 @@ on (``callgrind_control -i on``) at the start of the measured part and the
 profile dumped (``callgrind_control -d``) at its end, so start-up, imports
 and warm-up are not in it:
 
-* HTTP rows: the server, a 2 s wrk warm-up, then --seconds of
+* HTTP rows: the server, bench/apps.py's priming requests (apps.prime: one
+  at a time), a 2 s wrk warm-up, then --seconds of
   ``wrk -t1 -c50``; ops = the requests wrk completed in that window.  The
   gunicorn rows are profiled as the single-process server of the same
   framework and endpoint (uvicorn-text, aiohttp-text): callgrind follows one
@@ -254,7 +255,9 @@ def profile_server(cfg, loop, row, outdir, script, seconds):
         line = procs.read_line(proc, time.monotonic() + START_TIMEOUT)
         if line is None or not line.startswith("READY "):
             raise RuntimeError(f"no READY under valgrind: {apps._tail(errlog, 2)}")
-        url = f"http://127.0.0.1:{int(line.split()[1])}{row.path}"
+        port = int(line.split()[1])
+        url = f"http://127.0.0.1:{port}{row.path}"
+        apps.prime(port, row.path, apps.PRIME_PER_PROCESS)
         apps.run_wrk(cfg, url, WARMUP_S, script)
         callgrind_control("-i", "on", str(proc.pid))
         result = apps.run_wrk(cfg, url, seconds, script)
