@@ -1,6 +1,7 @@
 """call_later / call_at / TimerHandle: ordering, cancellation, memory."""
 import asyncio
 import gc
+import math
 import random
 import sys
 import time
@@ -36,6 +37,25 @@ def test_call_at_when_is_exact(loop):
     assert h.when() == when
     h.cancel()
     assert h.when() == when
+
+
+def test_call_at_keeps_the_when_object_it_was_given(loop):
+    # asyncio's TimerHandle stores call_at()'s argument as is: aiohttp's
+    # ceil_timeout() passes an int and its tests check that it stays one.
+    from fractions import Fraction
+    deadline = math.ceil(loop.time()) + 60
+    h_int = loop.call_at(deadline, noop)
+    h_frac = loop.call_at(Fraction(deadline * 2, 2), noop)
+    h_later = loop.call_later(60, noop)
+    assert type(h_int.when()) is int and h_int.when() == deadline
+    assert type(h_int._when) is int
+    assert type(h_frac.when()) is Fraction
+    assert type(h_later.when()) is float
+    assert f"when={deadline} " in repr(h_int) and f"when={deadline} " in repr(h_frac)
+    assert hash(h_int) == hash(float(deadline)) and h_int == h_frac
+    for h in (h_int, h_frac, h_later):
+        h.cancel()
+    assert type(h_int.when()) is int
 
 
 def test_call_later_accepts_int_delay(loop):

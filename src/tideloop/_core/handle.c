@@ -123,6 +123,7 @@ tl_handle_new(tl_state *st, PyTypeObject *type, LoopObject *loop,
     /* (A recycled handle comes back with every reference field NULL.) */
     h->source_traceback = NULL;
     h->repr_cache = NULL;
+    h->when_given = NULL;
     h->cancelled = 0;
     h->scheduled = 0;
     h->running = 0;
@@ -193,6 +194,7 @@ handle_traverse(HandleObject *h, visitproc visit, void *arg)
     Py_VISIT(h->loop);
     Py_VISIT(h->source_traceback);
     Py_VISIT(h->repr_cache);
+    Py_VISIT(h->when_given);
     return 0;
 }
 
@@ -205,6 +207,7 @@ handle_clear(HandleObject *h)
     Py_CLEAR(h->loop);
     Py_CLEAR(h->source_traceback);
     Py_CLEAR(h->repr_cache);
+    Py_CLEAR(h->when_given);
     return 0;
 }
 
@@ -566,10 +569,11 @@ handle_repr_info(HandleObject *h)
         Py_CLEAR(s);
     }
     if (h->loop != NULL && Py_TYPE(h) == st->TimerHandleType) {
-        PyObject *w = PyFloat_FromDouble(h->when);
+        PyObject *w = h->when_given ? Py_NewRef(h->when_given)
+                                    : PyFloat_FromDouble(h->when);
         if (w == NULL)
             goto error;
-        s = PyUnicode_FromFormat("when=%R", w);
+        s = PyUnicode_FromFormat("when=%S", w);   /* f"when={self._when}" */
         Py_DECREF(w);
         if (s == NULL || PyList_Append(info, s) < 0)
             goto error;
@@ -698,6 +702,8 @@ handle_run_method(HandleObject *h, PyObject *Py_UNUSED(ignored))
 static PyObject *
 handle_when(HandleObject *h, PyObject *Py_UNUSED(ignored))
 {
+    if (h->when_given != NULL)
+        return Py_NewRef(h->when_given);
     return PyFloat_FromDouble(h->when);
 }
 

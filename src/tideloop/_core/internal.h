@@ -275,7 +275,10 @@ struct HandleObject {
     PyObject *source_traceback;  /* debug mode only */
     PyObject *repr_cache;        /* debug mode: repr kept after cancel */
     PyObject *weakreflist;
-    double when;                 /* timers: the deadline as given */
+    double when;                 /* timers: the deadline */
+    PyObject *when_given;        /* timers: call_at()'s argument when it is
+                                    not a float (asyncio keeps the object:
+                                    an int stays an int), else NULL */
     tl_heap_node node;           /* timers: heap position */
     char cancelled;
     char scheduled;              /* timers: currently in the heap */

@@ -778,7 +778,10 @@ loop_call_at(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
     double when;
     if (number_to_double(args[0], &when) < 0)
         return NULL;
-    return schedule_at(self, "call_at", when, args + 1, nargs - 1, context);
+    PyObject *h = schedule_at(self, "call_at", when, args + 1, nargs - 1, context);
+    if (h != NULL && !PyFloat_CheckExact(args[0]))
+        ((HandleObject *)h)->when_given = Py_NewRef(args[0]);
+    return h;
 }
 
 static PyObject *
