@@ -219,6 +219,11 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
             listener.close()
         super().close()
         self._signal_pipe_close()
+        # The bound call_soon kept for Tasks (__init__) is a cycle through
+        # the instance dict: without it a closed loop is freed as soon as
+        # its last user lets go, not at the next collection (anyio checks
+        # that asyncio.run() + to_thread leaves no loop behind).
+        self.__dict__.pop("call_soon", None)
         self._executor_shutdown_called = True
         executor = self._default_executor
         if executor is not None:

@@ -290,3 +290,25 @@ def test_run_until_complete_cancelled_task(loop):
     with pytest.raises(asyncio.CancelledError):
         loop.run_until_complete(task)
     assert task.cancelled()
+
+
+def test_closed_loop_is_freed_without_a_collection(raw_loop_factory):
+    # A closed loop holds no reference cycle: it goes as soon as its last
+    # user lets go (anyio's suite checks this after asyncio.run() with a
+    # worker thread that keeps the loop until it exits).
+    import gc
+    import weakref
+
+    async def main():
+        asyncio.get_running_loop().call_soon(lambda: None)
+        await asyncio.sleep(0)
+        return weakref.ref(asyncio.get_running_loop())
+
+    gc.collect()
+    gc.disable()
+    try:
+        with asyncio.Runner(loop_factory=raw_loop_factory) as runner:
+            ref = runner.run(main())
+        assert ref() is None
+    finally:
+        gc.enable()
