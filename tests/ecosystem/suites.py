@@ -62,9 +62,10 @@ class Suite:
     source_dir: str = ""         # the sdist's import package, hidden so the installed release is tested
     addopts: str = None          # replaces the suite's own addopts (xdist, coverage) when set
     args: list = field(default_factory=list)
+    quick_args: list = field(default_factory=list)   # besides args, in quick mode
     timeout: int = 60            # per test (pytest-timeout; None: not used)
     wall: int = 300              # per pytest process, quick mode
-    wall_full: int = 2400
+    wall_full: int = 3600
     postgres: bool = False
     env: dict = field(default_factory=dict)
 
@@ -75,37 +76,46 @@ SUITES = {s.name: s for s in [
     Suite("anyio", "4.16.0",
           ["pytest>=9.0", "pytest-mock>=3.14", "pytest-timeout>=2.4.0", "trustme>=1.0.0",
            "truststore>=0.9.1", "hypothesis>=4.18.2", "psutil>=5.9", "blockbuster>=1.5.29"],
-          quick=["tests/test_taskgroups.py", "tests/test_synchronization.py",
-                 "tests/test_sockets.py", "tests/streams", "tests/test_from_thread.py",
-                 "tests/test_to_thread.py", "tests/test_subprocesses.py",
-                 "tests/test_eventloop.py", "tests/test_signals.py"]),
+          # all but the pytester runs (test_pytest_plugin.py, 2 minutes), the
+          # import-time and process-pool modules
+          quick=["tests/streams", *(f"tests/test_{m}.py" for m in (
+              "concurrency_utils", "contextmanagers", "debugging", "eventloop", "fileio",
+              "from_thread", "functools", "futures", "itertools", "lowlevel", "signals",
+              "sockets", "subprocesses", "synchronization", "taskgroups", "tempfile",
+              "to_thread", "typedattr"))]),
     Suite("uvicorn", "0.54.0",
           ["pytest>=9", "pytest-mock", "pytest-timeout", "pytest-codspeed", "trustme", "cryptography",
            "httpx2", "a2wsgi", "wsproto", "httptools>=0.8.0", "python-dotenv>=0.13",
-           "PyYAML>=5.1", "watchfiles>=0.20", "websockets>=13.0"],
-          quick=["tests/protocols", "tests/test_server.py", "tests/test_lifespan.py",
-                 "tests/test_main.py", "tests/test_ssl.py", "tests/test_compat.py",
-                 "tests/middleware"],
+           "PyYAML>=5.1", "watchfiles>=0.20", "websockets>=13.0", "zttp>=0.0.34"],
+          # all but the process supervisors (tests/supervisors: reload and
+          # multiprocess workers, 45 s) and the benchmarks
+          quick=["tests/protocols", "tests/middleware", "tests/importer", *(f"tests/test_{m}.py" for m in (
+              "server", "ssl", "main", "lifespan", "compat", "config", "cli", "default_headers",
+              "auto_detection", "subprocess"))],
           source_dir="uvicorn",
           addopts="-rxXs --strict-config --strict-markers"),
     Suite("aiohttp", "3.14.5",
           ["pytest>=8.4", "pytest-mock", "pytest-timeout", "pytest-codspeed", "coverage", "trustme",
            "freezegun", "blockbuster", "proxy.py>=2.4.4rc5", "isal", "zlib_ng", "gunicorn",
            "aiodns>=3.3.0", "Brotli>=1.2", "backports.zstd"],
-          quick=["tests/test_client_functional.py", "tests/test_web_functional.py",
-                 "tests/test_client_ws_functional.py", "tests/test_web_server.py",
-                 "tests/test_connector.py", "tests/test_run_app.py",
-                 "tests/test_web_sendfile_functional.py", "tests/test_streams.py",
-                 "tests/test_test_utils.py", "tests/test_loop.py"],
+          # the modules that run clients and servers on the loop
+          quick=[f"tests/test_{m}.py" for m in (
+              "client_functional", "web_functional", "client_ws_functional",
+              "web_websocket_functional", "web_server", "run_app", "web_sendfile_functional",
+              "streams", "test_utils", "loop", "base_protocol", "connector", "proxy_functional",
+              "client_proto", "web_protocol")],
           source_dir="aiohttp",
           addopts="-ra --strict-markers",
-          args=["-m", "not dev_mode and not autobahn and not internal"]),
+          args=["-m", "not dev_mode and not autobahn and not internal"],
+          # aiohttp's own option: no gc.collect() after each test's loop
+          # (0.1-0.3 s a test, 5/6 of the time); --full keeps it
+          quick_args=["--aiohttp-fast"]),
     Suite("asyncpg", "0.32.0",
           ["pytest", "pytest-timeout", "distro"],
-          quick=["tests/test_execute.py", "tests/test_pool.py", "tests/test_cursor.py",
-                 "tests/test_copy.py", "tests/test_listeners.py", "tests/test_cancellation.py",
-                 "tests/test_timeout.py", "tests/test_transaction.py",
-                 "tests/test_prepare.py", "tests/test_adversity.py"],
+          # all but the type-codec and introspection modules and the source checks
+          quick=[f"tests/test_{m}.py" for m in (
+              "execute", "prepare", "copy", "timeout", "cancellation", "listeners", "transaction",
+              "cursor", "pool", "adversity", "cache_invalidation", "connect", "exceptions")],
           source_dir="asyncpg",
           addopts="--assert=plain --strict-markers --tb=native --import-mode=importlib",
           postgres=True),
@@ -285,6 +295,21 @@ def build_tideloop():
                 env={**os.environ, "TIDELOOP_DEV": os.environ.get("TIDELOOP_DEV", "1")})
 
 
+_children = set()           # process groups of the running pytest processes
+
+
+def _kill_children():
+    for pgid in list(_children):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _on_signal(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @dataclass
 class Run:
     loop: str
@@ -297,7 +322,7 @@ class Run:
     problem: str = ""
 
 
-def run_pytest(suite, python, root, loop, targets, workdir, tag, wall, env_extra):
+def run_pytest(suite, python, root, loop, targets, workdir, tag, wall, env_extra, full=False):
     """One pytest process of a suite on one loop; its outcomes from junit XML."""
     junit = workdir / f"{suite.name}-{tag}-{loop}.xml"
     stats = workdir / f"{suite.name}-{tag}-{loop}.stats.json"
@@ -306,7 +331,7 @@ def run_pytest(suite, python, root, loop, targets, workdir, tag, wall, env_extra
         p.unlink(missing_ok=True)
     argv = [str(python), "-m", "pytest", *targets, "-p", "suites_plugin", "-p", "no:cacheprovider",
             f"--junitxml={junit}", "-o", "junit_family=xunit1", "-o", "junit_logging=no",
-            "-q", *suite.args]
+            "-q", *suite.args, *([] if full else suite.quick_args)]
     if suite.timeout is not None:
         argv += [f"--timeout={suite.timeout}", "-o", "timeout_method=signal"]
     if suite.addopts is not None:
@@ -322,6 +347,7 @@ def run_pytest(suite, python, root, loop, targets, workdir, tag, wall, env_extra
         out.flush()
         proc = subprocess.Popen(argv, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        _children.add(proc.pid)
         try:
             run.returncode = proc.wait(timeout=wall)
         except subprocess.TimeoutExpired:
@@ -333,6 +359,7 @@ def run_pytest(suite, python, root, loop, targets, workdir, tag, wall, env_extra
                 os.killpg(proc.pid, signal.SIGKILL)     # anything the tests left running
             except ProcessLookupError:
                 pass
+            _children.discard(proc.pid)
     run.seconds = time.monotonic() - start
     if run.timed_out:
         run.problem = f"killed at the wall-clock limit ({wall} s)"
@@ -350,7 +377,7 @@ def run_pytest(suite, python, root, loop, targets, workdir, tag, wall, env_extra
     return run
 
 
-def run_both(suite, python, root, targets, workdir, tag, wall):
+def run_both(suite, python, root, targets, workdir, tag, wall, full=False):
     """The suite on both loops side by side (asyncpg: a cluster each)."""
     runs = {}
     clusters = []
@@ -368,7 +395,7 @@ def run_both(suite, python, root, targets, workdir, tag, wall):
             envs[loop] = env
 
         def one(loop):
-            runs[loop] = run_pytest(suite, python, root, loop, targets, workdir, tag, wall, envs[loop])
+            runs[loop] = run_pytest(suite, python, root, loop, targets, workdir, tag, wall, envs[loop], full)
 
         threads = [threading.Thread(target=one, args=(loop,)) for loop in LOOPS]
         for t in threads:
@@ -381,17 +408,46 @@ def run_both(suite, python, root, targets, workdir, tag, wall):
     return runs["stock"], runs["tideloop"]
 
 
-def run_suite(suite, full, known, workdir):
-    t0 = time.monotonic()
+def prepare(suite):
+    """(sdist root, venv python) of a suite, made when missing."""
     root = unpacked_sdist(suite)
     python = venv_for(suite)
     if suite.postgres:
         _check_call(["bash", str(REPO / "tools" / "ensure_debian_package.sh"), "postgresql"])
-    setup_seconds = time.monotonic() - t0
+    return root, python
+
+
+def prepare_all(suites):
+    """prepare() for every suite at once (pip spends its time waiting on the
+    index and on unpacking: side by side takes about as long as the slowest).
+    {name: (root, python) or the exception}."""
+    prepared = {}
+
+    def one(suite):
+        t0 = time.monotonic()
+        try:
+            prepared[suite.name] = (*prepare(suite), time.monotonic() - t0)
+        except Exception as exc:
+            prepared[suite.name] = exc
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in suites]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return prepared
+
+
+def run_suite(suite, full, known, workdir, prepared=None, deadline=None):
+    t0 = time.monotonic()
+    root, python, setup_seconds = prepared or (*prepare(suite), 0.0)
+    setup_seconds += time.monotonic() - t0
     targets = suite.full if full else suite.quick
     wall = suite.wall_full if full else suite.wall
+    if deadline is not None:
+        wall = max(1, min(wall, int(deadline - time.monotonic())))
     log(f"{suite.name} {suite.version}: {' '.join(targets)} on both loops")
-    stock, tide = run_both(suite, python, root, targets, workdir, "main", wall)
+    stock, tide = run_both(suite, python, root, targets, workdir, "main", wall, full)
     problems = [f"{r.loop}: {r.problem} (log: {r.log})" for r in (stock, tide) if r.problem]
     if tide.stats is None or tide.stats["loops"]["tideloop"] == 0:
         problems.append(f"tideloop: no tideloop loop was made (plugin stats: {tide.stats})")
@@ -404,7 +460,9 @@ def run_suite(suite, full, known, workdir):
         if first["candidates"]:
             log(f"{suite.name}: {len(first['candidates'])} passed on stock and not on tideloop:"
                 " running them again on both loops")
-            again = run_both(suite, python, root, first["candidates"], workdir, "rerun", wall)
+            if deadline is not None:
+                wall = max(1, min(wall, int(deadline - time.monotonic())))
+            again = run_both(suite, python, root, first["candidates"], workdir, "rerun", wall, full)
             problems += [f"rerun {r.loop}: {r.problem} (log: {r.log})" for r in again if r.problem]
             if all(r.results is not None for r in again):
                 rerun = (again[0].results, again[1].results)
@@ -458,6 +516,16 @@ def report(name, e):
 
 
 def main(argv=None):
+    # SIGTERM (a CI timeout) unwinds like ^C: the pytest process groups are
+    # killed and the PostgreSQL clusters stopped on the way out.
+    signal.signal(signal.SIGTERM, _on_signal)
+    try:
+        return _main(argv)
+    finally:
+        _kill_children()
+
+
+def _main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--full", action="store_true", help="whole suites (default: the CI selection)")
     ap.add_argument("--suites", default=",".join(SUITES), help="comma-separated, of: " + ", ".join(SUITES))
@@ -465,6 +533,9 @@ def main(argv=None):
     ap.add_argument("--known", default=str(KNOWN_FILE))
     ap.add_argument("--logdir", help="keep the pytest logs and junit XML here (default: a temp dir, kept on failure)")
     ap.add_argument("--no-build", action="store_true", help="do not build the extension in place first")
+    ap.add_argument("--max-seconds", type=float,
+                    help="deadline for the pytest runs, from the start (default: 420 in quick mode, none"
+                         " with --full); a suite still running then is killed and fails the run")
     args = ap.parse_args(argv)
     names = [n for n in args.suites.split(",") if n]
     unknown = [n for n in names if n not in SUITES]
@@ -480,10 +551,18 @@ def main(argv=None):
     start = time.monotonic()
     if not args.no_build:
         build_tideloop()
+    max_seconds = args.max_seconds if args.max_seconds is not None else (None if args.full else 420)
+    deadline = None if max_seconds is None else start + max_seconds
+    prepared = prepare_all([SUITES[n] for n in names])
+    log(f"prepared in {time.monotonic() - start:.0f} s (cache: {CACHE})")
     results = {}
     for name in names:
         try:
-            results[name] = run_suite(SUITES[name], args.full, known, workdir)
+            if isinstance(prepared[name], Exception):
+                raise prepared[name]
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RuntimeError(f"not run: past the deadline ({max_seconds:.0f} s)")
+            results[name] = run_suite(SUITES[name], args.full, known, workdir, prepared[name], deadline)
         except Exception as exc:      # setup failures fail the run, with the reason
             results[name] = {"version": SUITES[name].version, "ok": False, "problems": [str(exc)],
                              "mode": "full" if args.full else "quick", "seconds": None,
