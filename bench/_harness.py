@@ -1,7 +1,7 @@
 """The scripts in bench/ take their shared code from tideloop's benchmark
 package, src/tideloop/_bench/ (see its __init__.py), not from copies here.
 
-    from _harness import harness, procs, micro
+    from _harness import harness, procs, micro, plot
 
 This checkout's copy is loaded by path, under the name ``tideloop_bench``, so
 that it works before the C core is built and whatever tideloop is installed;
@@ -41,3 +41,4 @@ package = _load()
 harness = importlib.import_module(package.__name__ + ".harness")
 procs = importlib.import_module(package.__name__ + ".procs")
 micro = importlib.import_module(package.__name__ + ".micro")
+plot = importlib.import_module(package.__name__ + ".plot")

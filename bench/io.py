@@ -37,17 +37,14 @@ has a figure) and <= 0.5 x asyncio.  Wall-clock ratios are shown beside them
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
-from _harness import harness, procs
+from _harness import harness, plot, procs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -126,11 +123,6 @@ def worker_command(cfg, loop, row):
     return cmd
 
 
-def _children_cpu():
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
 def run_udp(loop, row, cfg, paths, workdir):
     """Start the echo server, load it with udpgen, stop it (as net.py's run_once)."""
     def udpgen(port):
@@ -164,25 +156,10 @@ def run_udp(loop, row, cfg, paths, workdir):
 
 def run_oneshot(loop, row, cfg, workdir):
     """Run a spawn/pipe worker to completion; it measures itself."""
-    errlog = os.path.join(workdir, "worker.err")
-    children0 = _children_cpu()
-    start = procs.Snapshot()
-    with open(errlog, "wb") as err:
-        proc = subprocess.Popen(worker_command(cfg, loop, row), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=err, env=cfg.env, cwd=ROOT)
-    try:
-        out, _ = proc.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise harness.RunError(f"no result within {RUN_TIMEOUT:g} s")
-    end = procs.Snapshot()
-    children = _children_cpu() - children0
-    lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise harness.RunError(_stderr_reason(errlog, f"exit status {proc.returncode}"),
-                               startup=proc.returncode == 1 and _import_failed(errlog))
-    r = json.loads(lines[-1])
+    r, start, end, children = procs.run_to_result(
+        worker_command(cfg, loop, row), env=cfg.env, cwd=ROOT,
+        errlog=os.path.join(workdir, "worker.err"), prog="io_worker", timeout=RUN_TIMEOUT,
+        startup_failed=_import_failed)
     per = GIB if row.unit == "GiB" else 1
     units = r["units"] / per
     sample = {
@@ -432,6 +409,7 @@ def build_parser():
     p.add_argument("--no-floor", dest="floor", action="store_false",
                    help="do not measure the blocking no-loop floor of the pipe rows")
     harness.add_output_options(p)
+    plot.add_plot_option(p)
     p.add_argument("--rebuild", action="store_true",
                    help="recompile bench/udpgen.c even when up to date")
     harness.add_verdict_options(p)
@@ -472,6 +450,9 @@ def main(argv=None):
                               warmups=(0.2, 0.5), src=SRC)
     if cfg is None:
         return 2
+    bad_plot = plot.check_plot_option(args.plot)
+    if bad_plot is not None:
+        return bad_plot
     cfg.workloads = cfg.only
     for name in ("count", "concurrency", "bytes"):
         v = getattr(args, name)
@@ -536,17 +517,19 @@ def main(argv=None):
             print(line)
     harness.print_reproduce(command, elapsed)
 
+    doc = harness.json_head("tideloop-iobench/1", command, started, elapsed)
+    doc.update({
+        "repeat": cfg.repeat, "quick": args.quick,
+        "udp_duration_s": cfg.duration, "udp_warmup_s": cfg.warmup,
+        "quiet_wait_s": cfg.quiet_wait,
+        "targets": dict(TARGETS),
+        "environment": procs.environment(cpus, ROOT, versions, core),
+        "results": results,
+    })
     if args.json:
-        doc = harness.json_head("tideloop-iobench/1", command, started, elapsed)
-        doc.update({
-            "repeat": cfg.repeat, "quick": args.quick,
-            "udp_duration_s": cfg.duration, "udp_warmup_s": cfg.warmup,
-            "quiet_wait_s": cfg.quiet_wait,
-            "targets": dict(TARGETS),
-            "environment": procs.environment(cpus, ROOT, versions, core),
-            "results": results,
-        })
         harness.write_json(args.json, doc)
+    if args.plot and plot.draw_run(doc, args.plot):
+        return 1
 
     return harness.missed(results) if args.fail_on_miss else 0
 

@@ -52,7 +52,7 @@ import sys
 import tempfile
 import time
 
-from _harness import harness, procs
+from _harness import harness, plot, procs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -437,6 +437,7 @@ def build_parser():
     p.add_argument("--no-floor", dest="floor", action="store_false",
                    help="do not measure the C epoll echo server")
     harness.add_output_options(p)
+    plot.add_plot_option(p)
     p.add_argument("--rebuild", action="store_true",
                    help="recompile the C programs even when up to date")
     harness.add_verdict_options(p)
@@ -452,6 +453,9 @@ def main(argv=None):
                               warmups=(0.25, 0.5), src=SRC)
     if cfg is None:
         return 2
+    bad_plot = plot.check_plot_option(args.plot)
+    if bad_plot is not None:
+        return bad_plot
     cfg.kinds = cfg.only
     if args.tls:
         cfg.kinds = [k for k in KINDS if k in TLS_KINDS or (args.only and k in cfg.only)]
@@ -549,27 +553,29 @@ def main(argv=None):
             print(line)
     harness.print_reproduce(command, elapsed)
 
+    doc = harness.json_head("tideloop-netbench/2", command, started, elapsed)
+    doc.update({
+        "repeat": cfg.repeat, "duration_s": cfg.duration, "warmup_s": cfg.warmup,
+        "quick": args.quick, "transport": "unix" if cfg.unix else "tcp",
+        "quiet_wait_s": cfg.quiet_wait,
+        # kind -> {size in bytes, or "all" -> {reference: limit}}; "metric" says
+        # which figure's ratio tideloop/reference is checked (<= for CPU, >= for rps)
+        "targets": {k: {"metric": "rps" if k in RATE_KINDS else "cpu_us_per_req",
+                        "limits": {("all" if size is None else str(size)):
+                                   {("c_server" if r == FLOOR else r): v
+                                    for r, v in t.items()}
+                                   for size, t in by_size.items()}}
+                    for k, by_size in TARGETS.items()},
+        "tls": tls_info,
+        "environment": procs.environment(cpus, ROOT, versions, core),
+        "floor": [{"family": f, "size": s, "conns": c, **v}
+                  for (f, s, c), v in floor.items()],
+        "results": rows,
+    })
     if args.json:
-        doc = harness.json_head("tideloop-netbench/2", command, started, elapsed)
-        doc.update({
-            "repeat": cfg.repeat, "duration_s": cfg.duration, "warmup_s": cfg.warmup,
-            "quick": args.quick, "transport": "unix" if cfg.unix else "tcp",
-            "quiet_wait_s": cfg.quiet_wait,
-            # kind -> {size in bytes, or "all" -> {reference: limit}}; "metric" says
-            # which figure's ratio tideloop/reference is checked (<= for CPU, >= for rps)
-            "targets": {k: {"metric": "rps" if k in RATE_KINDS else "cpu_us_per_req",
-                            "limits": {("all" if size is None else str(size)):
-                                       {("c_server" if r == FLOOR else r): v
-                                        for r, v in t.items()}
-                                       for size, t in by_size.items()}}
-                        for k, by_size in TARGETS.items()},
-            "tls": tls_info,
-            "environment": procs.environment(cpus, ROOT, versions, core),
-            "floor": [{"family": f, "size": s, "conns": c, **v}
-                      for (f, s, c), v in floor.items()],
-            "results": rows,
-        })
         harness.write_json(args.json, doc)
+    if args.plot and plot.draw_run(doc, args.plot):
+        return 1
 
     return harness.missed(rows) if args.fail_on_miss else 0
 

@@ -305,6 +305,62 @@ def test_closed_fd_add_raises_oserror_and_remove_returns_false(loop):
     assert loop.remove_writer(r) is False
 
 
+def _outcome(call, *args):
+    try:
+        return call(*args)
+    except (OSError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def test_socket_closed_before_remove_is_found_by_the_object(loop):
+    # anyio closes a socket, then calls remove_reader(sock): the selector
+    # finds the registration by the object, whose fileno() is -1 by then.
+    a, b = socket.socketpair()
+    loop.add_reader(a, lambda: None)
+    a.close()
+    assert loop.remove_writer(a) is False          # registered, no writer
+    assert loop.remove_reader(a) is True
+    # gone now: the object has no fd and no registration
+    assert _outcome(loop.remove_reader, a) == "ValueError: Invalid file descriptor: -1"
+    b.close()
+
+
+def test_closed_socket_never_registered_by_the_object(loop):
+    a, b = socket.socketpair()
+    c, d = socket.socketpair()
+    loop.add_reader(a.fileno(), lambda: None)       # by number, not object
+    fd = a.fileno()
+    a.close()
+    c.close()
+    assert _outcome(loop.remove_reader, a) == "ValueError: Invalid file descriptor: -1"
+    assert _outcome(loop.remove_reader, c) == "ValueError: Invalid file descriptor: -1"
+    assert loop.remove_reader(fd) is True
+    b.close()
+    d.close()
+
+
+def test_closed_socket_with_both_interests_drops_the_registration(loop):
+    # Taking the reader off leaves the writer: a modify() of the dead fd,
+    # which fails, and the selector forgets the fd altogether.
+    a, b = socket.socketpair()
+    loop.add_writer(a, lambda: None)
+    loop.add_reader(a.fileno(), lambda: None)
+    a.close()
+    assert _outcome(loop._remove_reader, a) == "OSError: [Errno 9] Bad file descriptor"
+    assert _outcome(loop._remove_writer, a) == "ValueError: Invalid file descriptor: -1"
+    b.close()
+
+
+def test_closed_socket_on_a_closed_loop(new_loop):
+    lp = new_loop()
+    a, b = socket.socketpair()
+    lp.add_reader(a, lambda: None)
+    lp.close()
+    a.close()
+    assert lp.remove_reader(a) is False
+    b.close()
+
+
 def test_closed_loop(new_loop, pair):
     a, _ = pair
     lp = new_loop()

@@ -248,6 +248,13 @@ def test_test_extra_installs_what_the_tests_use(meta):
     assert {"pytest", "hypothesis", "build"} <= names, reqs
 
 
+def test_plot_extra_is_matplotlib(meta):
+    """The benchmarks' --plot names this extra when matplotlib is missing."""
+    assert "plot" in meta.get_all("Provides-Extra")
+    reqs = [r for r in meta.get_all("Requires-Dist") if 'extra == "plot"' in r]
+    assert [re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower() for r in reqs] == ["matplotlib"]
+
+
 def test_long_description_is_the_readme_starting_with_the_intro(meta, dists):
     assert meta["Description-Content-Type"] == "text/markdown"
     desc = meta.get_payload()

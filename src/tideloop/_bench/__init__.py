@@ -6,6 +6,8 @@
                 other load, a server under a C load generator (bench/net.py,
                 bench/io.py)
     micro.py    the loop micro-benchmarks: ``python -m tideloop bench``
+    plot.py     results documents drawn as bars (--plot; matplotlib, imported
+                only to draw): ``python -m tideloop._bench.plot``
 
 Nothing here imports tideloop itself at import time: ``bench/*.py`` load this
 package by path when the C core is not built.

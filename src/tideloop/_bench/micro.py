@@ -690,6 +690,11 @@ def add_arguments(parser):
     harness.add_output_options(
         parser, json_help="also write all results (every sample, environment) as JSON to PATH",
         markdown_help="print the table as Markdown (README-ready) instead of plain text")
+    # Imported here, not at the top: the package's __init__ imports this
+    # module, and 'python -m tideloop._bench.plot' must find plot not yet
+    # imported (runpy warns otherwise).
+    from . import plot
+    plot.add_plot_option(parser)
     parser.add_argument(
         "--timeout", type=float, default=120.0, metavar="S",
         help="give up on one measurement after S seconds (default: %(default)g)")
@@ -724,6 +729,10 @@ def run_from_args(args, invocation=("-m", "tideloop", "bench")):
         return harness.usage_error("--repeat must be at least 1")
     if args.scale <= 0:
         return harness.usage_error("--scale must be positive")
+    from . import plot
+    bad_plot = plot.check_plot_option(args.plot)
+    if bad_plot is not None:
+        return bad_plot
 
     wanted = harness.pick(args.loops, ALL_LOOPS, "loop", given_order=True)
     if wanted is None:
@@ -797,19 +806,21 @@ def run_from_args(args, invocation=("-m", "tideloop", "bench")):
         print(line)
     harness.print_reproduce(command, elapsed)
 
+    doc = harness.json_head("tideloop-microbench/1", command, started, elapsed)
+    doc.update({
+        "repeat": args.repeat,
+        "quick": args.quick,
+        "scale": args.scale,
+        "gc_enabled_while_measuring": args.gc,
+        "clock": args.clock,
+        "warmup": args.warmup,
+        "environment": environment,
+        "results": results,
+    })
     if args.json:
-        doc = harness.json_head("tideloop-microbench/1", command, started, elapsed)
-        doc.update({
-            "repeat": args.repeat,
-            "quick": args.quick,
-            "scale": args.scale,
-            "gc_enabled_while_measuring": args.gc,
-            "clock": args.clock,
-            "warmup": args.warmup,
-            "environment": environment,
-            "results": results,
-        })
         harness.write_json(args.json, doc)
+    if args.plot and plot.draw_run(doc, args.plot):
+        return 1
 
     return harness.missed(results) if args.fail_on_miss else 0
 

@@ -431,6 +431,41 @@ def run_under_load(server_cmd, generator_cmd, *, env, cwd, errlog, prog, generat
         stop(proc)
 
 
+def children_cpu():
+    """utime+stime of this process's waited-for children, in seconds."""
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_to_result(cmd, *, env, cwd, errlog, prog, timeout, startup_failed):
+    """Run a worker that measures itself to completion: its last stdout line
+    that is a JSON object is the result.  Returns (result, start, end,
+    children): Snapshots of the machine around the run and the CPU seconds
+    of the children waited for meanwhile (the worker's and its own).  Raises
+    harness.RunError: no result within ``timeout`` seconds, a non-zero status
+    or no result (``startup`` when ``startup_failed(errlog)``: the worker's
+    "<prog>: ERROR:" says it could not start at all)."""
+    children0 = children_cpu()
+    start = Snapshot()
+    with open(errlog, "wb") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=err, env=env, cwd=cwd)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise harness.RunError(f"no result within {timeout:g} s")
+    end = Snapshot()
+    children = children_cpu() - children0
+    lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise harness.RunError(stderr_reason(errlog, prog, f"exit status {proc.returncode}"),
+                               startup=proc.returncode == 1 and startup_failed(errlog))
+    return json.loads(lines[-1]), start, end, children
+
+
 def server_figures(result, start, end):
     """What every server-under-load sample records: the generator's counts,
     the server's CPU in the window, the machine's other load."""

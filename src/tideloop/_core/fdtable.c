@@ -14,10 +14,13 @@
 
 #include <errno.h>
 
-int
-tl_fd_from_object(PyObject *fileobj)
+/* The fd of an int or of an object with fileno(); *gone is set when
+ * fileno() answered with a negative number (a closed socket says -1). */
+static int
+fd_of(PyObject *fileobj, int *gone)
 {
     long fd;
+    *gone = 0;
     if (PyLong_Check(fileobj)) {
         fd = PyLong_AsLong(fileobj);
         if (fd == -1 && PyErr_Occurred())
@@ -43,6 +46,7 @@ tl_fd_from_object(PyObject *fileobj)
             return -1;
     }
     if (fd < 0) {
+        *gone = !PyLong_Check(fileobj);
         PyErr_Format(PyExc_ValueError, "Invalid file descriptor: %ld", fd);
         return -1;
     }
@@ -51,6 +55,68 @@ tl_fd_from_object(PyObject *fileobj)
         return -1;
     }
     return (int)fd;
+}
+
+int
+tl_fd_from_object(PyObject *fileobj)
+{
+    int gone;
+    return fd_of(fileobj, &gone);
+}
+
+/* asyncio's selector keeps the object a registration was made with and,
+ * when that object no longer has an fd (a socket closed before
+ * remove_reader()), finds the registration by the object itself.  The loop
+ * keeps the same: self->fileobjs maps fd -> the non-int object of the
+ * registration that created the fd's entry (as the selector's key does);
+ * ints, by far the common case, cost nothing. */
+static int
+fileobj_note(LoopObject *self, int fd, PyObject *fileobj)
+{
+    PyObject *key = PyLong_FromLong(fd);
+    if (key == NULL)
+        return -1;
+    int rc = 0;
+    if (!PyLong_Check(fileobj)) {
+        if (self->fileobjs == NULL && (self->fileobjs = PyDict_New()) == NULL)
+            rc = -1;
+        else
+            rc = PyDict_SetItem(self->fileobjs, key, fileobj);
+    }
+    else if (self->fileobjs != NULL && PyDict_DelItem(self->fileobjs, key) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_KeyError))
+            PyErr_Clear();
+        else
+            rc = -1;
+    }
+    Py_DECREF(key);
+    return rc;
+}
+
+static void
+fileobj_forget(LoopObject *self, int fd)
+{
+    if (self->fileobjs == NULL)
+        return;
+    PyObject *key = PyLong_FromLong(fd);
+    if (key == NULL || PyDict_DelItem(self->fileobjs, key) < 0)
+        PyErr_Clear();
+    Py_XDECREF(key);
+}
+
+/* The fd whose registration was made with this very object, or -1. */
+static int
+fileobj_find(LoopObject *self, PyObject *fileobj)
+{
+    if (self->fileobjs == NULL)
+        return -1;
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(self->fileobjs, &pos, &key, &value)) {
+        if (value == fileobj)
+            return (int)PyLong_AsLong(key);
+    }
+    return -1;
 }
 
 static int
@@ -362,6 +428,7 @@ tl_fd_dispatch(LoopObject *self, int fd, int mask)
 void
 tl_fd_clear_all(LoopObject *self)
 {
+    Py_CLEAR(self->fileobjs);
     for (size_t fd = 0; fd < self->fds_cap; fd++) {
         if (slot_clear(&self->fds[fd].rd) < 0 ||
             slot_clear(&self->fds[fd].wr) < 0)
@@ -453,7 +520,15 @@ add_io(LoopObject *self, PyObject *const *args, Py_ssize_t nargs,
                                     nargs - 2, NULL, 1);
     if (h == NULL)
         return NULL;
+    /* A new registration (no other slot in use) takes this object as its
+     * key, as a selector's register() does; modify() keeps the old one. */
+    int new_key = (size_t)fd >= self->fds_cap || fd_wanted(&self->fds[fd]) == 0;
     if (tl_fd_add_handle(self, fd, which, h, 0) < 0) {
+        Py_DECREF(h);
+        return NULL;
+    }
+    if (new_key && (self->fileobjs != NULL || !PyLong_Check(args[0])) &&
+        fileobj_note(self, fd, args[0]) < 0) {
         Py_DECREF(h);
         return NULL;
     }
@@ -466,14 +541,47 @@ add_io(LoopObject *self, PyObject *const *args, Py_ssize_t nargs,
 static PyObject *
 remove_io(LoopObject *self, PyObject *fileobj, int which, int public)
 {
-    int fd = tl_fd_from_object(fileobj);
-    if (fd < 0)
-        return NULL;
-    if (public && check_no_transport(self, fd, fileobj) < 0)
+    int gone;
+    int fd = fd_of(fileobj, &gone);
+    if (fd < 0) {
+        /* The public methods refuse an object whose fileno() fails, before
+         * anything else (asyncio's _ensure_fd_no_transport); then a closed
+         * loop has nothing to remove, and a registration is looked up by
+         * the object itself (the selector's _fileobj_lookup). */
+        if (!(gone || (!public && PyErr_ExceptionMatches(PyExc_ValueError))))
+            return NULL;
+        if (self->closed) {
+            PyErr_Clear();
+            Py_RETURN_FALSE;
+        }
+        fd = fileobj_find(self, fileobj);
+        if (fd < 0)
+            return NULL;
+        PyErr_Clear();
+        /* The object was closed.  Taking one interest off while the other
+         * stays is a selector modify() of the dead fd: it fails, and the
+         * selector drops the whole registration; so here. */
+        tl_fdentry *e = &self->fds[fd];
+        if (tl_fdslot_used(fd_slot(e, which)) && (fd_wanted(e) & ~which) &&
+            tl_poller_modify(self->poller, fd, fd_wanted(e) & ~which) < 0) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            PyObject *exc = tl_err_get_raised();
+            if (tl_fd_remove(self, fd, TL_POLL_READ, NULL) < 0 ||
+                tl_fd_remove(self, fd, TL_POLL_WRITE, NULL) < 0)
+                PyErr_Clear();
+            fileobj_forget(self, fd);
+            tl_err_set_raised(exc);
+            return NULL;
+        }
+    }
+    else if (public && check_no_transport(self, fd, fileobj) < 0)
         return NULL;
     int removed;
     if (tl_fd_remove(self, fd, which, &removed) < 0)
         return NULL;
+    if (self->fileobjs != NULL && (size_t)fd < self->fds_cap &&
+        fd_wanted(&self->fds[fd]) == 0)
+        fileobj_forget(self, fd);
     return PyBool_FromLong(removed);
 }
 

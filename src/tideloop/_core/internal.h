@@ -438,6 +438,8 @@ struct LoopObject {
     PyObject *run_ctx;           /* reusable Context for snapshot handles */
     PyObject *task_factory;
     PyObject *signal_handlers;   /* dict: signum -> Handle */
+    PyObject *fileobjs;          /* dict: fd -> the non-int object add_reader/
+                                    add_writer got, or NULL (fdtable.c) */
     PyObject *dict;
     PyObject *weakreflist;
 

@@ -1538,6 +1538,7 @@ loop_traverse(LoopObject *self, visitproc visit, void *arg)
     Py_VISIT(self->run_ctx);
     Py_VISIT(self->task_factory);
     Py_VISIT(self->signal_handlers);
+    Py_VISIT(self->fileobjs);
     Py_VISIT(self->dict);
     return 0;
 }
@@ -1553,6 +1554,7 @@ loop_clear(LoopObject *self)
     Py_CLEAR(self->run_ctx);
     Py_CLEAR(self->task_factory);
     Py_CLEAR(self->signal_handlers);
+    Py_CLEAR(self->fileobjs);
     Py_CLEAR(self->dict);
     return 0;
 }
