@@ -534,7 +534,7 @@ def _main(argv):
     ap.add_argument("--logdir", help="keep the pytest logs and junit XML here (default: a temp dir, kept on failure)")
     ap.add_argument("--no-build", action="store_true", help="do not build the extension in place first")
     ap.add_argument("--max-seconds", type=float,
-                    help="deadline for the pytest runs, from the start (default: 420 in quick mode, none"
+                    help="deadline for the pytest runs, counted once the venvs are made (default: 420 in quick mode, none"
                          " with --full); a suite still running then is killed and fails the run")
     args = ap.parse_args(argv)
     names = [n for n in args.suites.split(",") if n]
@@ -552,9 +552,9 @@ def _main(argv):
     if not args.no_build:
         build_tideloop()
     max_seconds = args.max_seconds if args.max_seconds is not None else (None if args.full else 420)
-    deadline = None if max_seconds is None else start + max_seconds
     prepared = prepare_all([SUITES[n] for n in names])
     log(f"prepared in {time.monotonic() - start:.0f} s (cache: {CACHE})")
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
     results = {}
     for name in names:
         try:
