@@ -306,6 +306,17 @@ def _kill_children():
             pass
 
 
+def _run_threads(threads):
+    for t in threads:
+        t.daemon = True
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            # a join with no timeout is not woken by a signal that another
+            # thread received: SIGTERM would wait for the suite to end
+            t.join(0.2)
+
+
 def _on_signal(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -397,11 +408,7 @@ def run_both(suite, python, root, targets, workdir, tag, wall, full=False):
         def one(loop):
             runs[loop] = run_pytest(suite, python, root, loop, targets, workdir, tag, wall, envs[loop], full)
 
-        threads = [threading.Thread(target=one, args=(loop,)) for loop in LOOPS]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _run_threads([threading.Thread(target=one, args=(loop,)) for loop in LOOPS])
     finally:
         for cluster in clusters:
             cluster.stop()
@@ -430,11 +437,7 @@ def prepare_all(suites):
         except Exception as exc:
             prepared[suite.name] = exc
 
-    threads = [threading.Thread(target=one, args=(s,)) for s in suites]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _run_threads([threading.Thread(target=one, args=(s,)) for s in suites])
     return prepared
 
 
@@ -521,6 +524,9 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, _on_signal)
     try:
         return _main(argv)
+    except KeyboardInterrupt as exc:
+        log(f"FAIL: interrupted ({exc or 'SIGINT'}); the pytest processes killed, the clusters stopped")
+        return 130
     finally:
         _kill_children()
 
