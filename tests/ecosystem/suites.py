@@ -397,7 +397,8 @@ def run_both(suite, python, root, targets, workdir, tag, wall, full=False):
         for loop in LOOPS:
             env = {}
             if suite.postgres:
-                sys.path.insert(0, str(REPO / "tools"))
+                if str(REPO / "tools") not in sys.path:
+                    sys.path.insert(0, str(REPO / "tools"))
                 from pgcluster import PgCluster
                 cluster = PgCluster()
                 clusters.append(cluster)
