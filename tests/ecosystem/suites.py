@@ -62,7 +62,6 @@ class Suite:
     source_dir: str = ""         # the sdist's import package, hidden so the installed release is tested
     addopts: str = None          # replaces the suite's own addopts (xdist, coverage) when set
     args: list = field(default_factory=list)
-    quick_args: list = field(default_factory=list)   # besides args, in quick mode
     timeout: int = 60            # per test (pytest-timeout; None: not used)
     wall: int = 300              # per pytest process, quick mode
     wall_full: int = 3600
@@ -106,10 +105,10 @@ SUITES = {s.name: s for s in [
               "client_proto", "web_protocol")],
           source_dir="aiohttp",
           addopts="-ra --strict-markers",
-          args=["-m", "not dev_mode and not autobahn and not internal"],
-          # aiohttp's own option: no gc.collect() after each test's loop
-          # (0.1-0.3 s a test, 5/6 of the time); --full keeps it
-          quick_args=["--aiohttp-fast"]),
+          # --aiohttp-fast, aiohttp's own option: no gc.collect() after each
+          # test's loop (0.1-0.3 s a test, 5/6 of the time; the whole suite
+          # takes about 3 minutes with it, 40 without)
+          args=["-m", "not dev_mode and not autobahn and not internal", "--aiohttp-fast"]),
     Suite("asyncpg", "0.32.0",
           ["pytest", "pytest-timeout", "distro"],
           # all but the type-codec and introspection modules and the source checks
@@ -333,7 +332,7 @@ class Run:
     problem: str = ""
 
 
-def run_pytest(suite, python, root, loop, targets, workdir, tag, wall, env_extra, full=False):
+def run_pytest(suite, python, root, loop, targets, workdir, tag, wall, env_extra):
     """One pytest process of a suite on one loop; its outcomes from junit XML."""
     junit = workdir / f"{suite.name}-{tag}-{loop}.xml"
     stats = workdir / f"{suite.name}-{tag}-{loop}.stats.json"
@@ -342,7 +341,7 @@ def run_pytest(suite, python, root, loop, targets, workdir, tag, wall, env_extra
         p.unlink(missing_ok=True)
     argv = [str(python), "-m", "pytest", *targets, "-p", "suites_plugin", "-p", "no:cacheprovider",
             f"--junitxml={junit}", "-o", "junit_family=xunit1", "-o", "junit_logging=no",
-            "-q", *suite.args, *([] if full else suite.quick_args)]
+            "-q", *suite.args]
     if suite.timeout is not None:
         argv += [f"--timeout={suite.timeout}", "-o", "timeout_method=signal"]
     if suite.addopts is not None:
@@ -388,7 +387,7 @@ def run_pytest(suite, python, root, loop, targets, workdir, tag, wall, env_extra
     return run
 
 
-def run_both(suite, python, root, targets, workdir, tag, wall, full=False):
+def run_both(suite, python, root, targets, workdir, tag, wall):
     """The suite on both loops side by side (asyncpg: a cluster each)."""
     runs = {}
     clusters = []
@@ -407,7 +406,7 @@ def run_both(suite, python, root, targets, workdir, tag, wall, full=False):
             envs[loop] = env
 
         def one(loop):
-            runs[loop] = run_pytest(suite, python, root, loop, targets, workdir, tag, wall, envs[loop], full)
+            runs[loop] = run_pytest(suite, python, root, loop, targets, workdir, tag, wall, envs[loop])
 
         _run_threads([threading.Thread(target=one, args=(loop,)) for loop in LOOPS])
     finally:
@@ -451,7 +450,7 @@ def run_suite(suite, full, known, workdir, prepared=None, deadline=None):
     if deadline is not None:
         wall = max(1, min(wall, int(deadline - time.monotonic())))
     log(f"{suite.name} {suite.version}: {' '.join(targets)} on both loops")
-    stock, tide = run_both(suite, python, root, targets, workdir, "main", wall, full)
+    stock, tide = run_both(suite, python, root, targets, workdir, "main", wall)
     problems = [f"{r.loop}: {r.problem} (log: {r.log})" for r in (stock, tide) if r.problem]
     if tide.stats is None or tide.stats["loops"]["tideloop"] == 0:
         problems.append(f"tideloop: no tideloop loop was made (plugin stats: {tide.stats})")
@@ -466,7 +465,7 @@ def run_suite(suite, full, known, workdir, prepared=None, deadline=None):
                 " running them again on both loops")
             if deadline is not None:
                 wall = max(1, min(wall, int(deadline - time.monotonic())))
-            again = run_both(suite, python, root, first["candidates"], workdir, "rerun", wall, full)
+            again = run_both(suite, python, root, first["candidates"], workdir, "rerun", wall)
             problems += [f"rerun {r.loop}: {r.problem} (log: {r.log})" for r in again if r.problem]
             if all(r.results is not None for r in again):
                 rerun = (again[0].results, again[1].results)
