@@ -58,6 +58,40 @@ def test_call_at_keeps_the_when_object_it_was_given(loop):
     assert type(h_int.when()) is int
 
 
+def test_time_patched_on_the_instance_moves_the_timers(loop):
+    # The stock loop reads self.time() in call_later() and in every
+    # iteration; tests (aiohttp's keep-alive ones) patch it on the instance.
+    from unittest import mock
+    fired = []
+
+    async def main():
+        now = loop.time()
+        with mock.patch.object(loop, "time") as clock:
+            clock.return_value = now
+            loop.call_later(100, fired.append, "later")
+            loop.call_at(now + 50, fired.append, "at")
+            await asyncio.sleep(0)
+            assert fired == []
+            clock.return_value = now + 100
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            assert fired == ["at", "later"]
+        assert "time" not in vars(loop)          # the real clock again
+        assert abs(loop.time() - time.monotonic()) < 1
+
+    loop.run_until_complete(main())
+
+
+def test_time_patched_to_raise_fails_the_iteration(loop):
+    from unittest import mock
+    loop.call_later(10, noop)
+    loop.call_soon(loop.stop)
+    with mock.patch.object(loop, "time", side_effect=ZeroDivisionError):
+        with pytest.raises(ZeroDivisionError):
+            loop.run_forever()
+    assert not loop.is_running()
+
+
 def test_call_later_accepts_int_delay(loop):
     fired = []
     loop.call_later(0, fired.append, "int")

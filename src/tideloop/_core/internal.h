@@ -413,6 +413,8 @@ struct LoopObject {
     int closed;
     int stopping;
     int debug;
+    int time_overridden;         /* a 'time' attribute set on the instance
+                                    (mock.patch.object(loop, "time")) */
     unsigned long thread_id;     /* 0: not running */
     /* 3.14: held by the loop thread while a _ThreadSafeHandle's callback
      * runs, so that its cancel()/cancelled() from another thread wait for

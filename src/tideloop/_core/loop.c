@@ -495,6 +495,35 @@ calibrate_ticks(tl_health *health, int64_t now_ns)
     }
 }
 
+/* The time the loop's timers are measured against: the C clock, or the
+ * instance's own time() where one was set on the instance.  The stock loop
+ * calls self.time() in call_later() and in each iteration, and tests patch
+ * it (mock.patch.object(loop, "time")) to move a loop's clock. */
+static int
+loop_clock(LoopObject *self, double *now)
+{
+    if (!self->time_overridden) {
+        *now = tl_monotonic();
+        return 0;
+    }
+    PyObject *r = PyObject_CallMethod((PyObject *)self, "time", NULL);
+    if (r == NULL)
+        return -1;
+    *now = PyFloat_AsDouble(r);
+    Py_DECREF(r);
+    return *now == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int
+loop_setattro(LoopObject *self, PyObject *name, PyObject *value)
+{
+    if (PyObject_GenericSetAttr((PyObject *)self, name, value) < 0)
+        return -1;
+    if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "time") == 0)
+        self->time_overridden = value != NULL;
+    return 0;
+}
+
 static int
 run_once(LoopObject *self)
 {
@@ -507,7 +536,10 @@ run_once(LoopObject *self)
     else {
         tl_heap_node *top = tl_heap_top(&self->timers);
         if (top != NULL) {
-            double t = top->key - tl_monotonic();
+            double now;
+            if (loop_clock(self, &now) < 0)
+                return -1;
+            double t = top->key - now;
             if (!(t > 0))
                 timeout_ns = 0;
             else if (t > MAXIMUM_SELECT_TIMEOUT)
@@ -572,7 +604,10 @@ run_once(LoopObject *self)
     if (self->timers.len) {
         double now = tl_monotonic();
         start_ns = (int64_t)(now * 1e9);
-        double end_time = now + self->clock_resolution;
+        double timer_now = now;
+        if (self->time_overridden && loop_clock(self, &timer_now) < 0)
+            return -1;
+        double end_time = timer_now + self->clock_resolution;
         tl_heap_node *top;
         while ((top = tl_heap_top(&self->timers)) != NULL &&
                top->key < end_time) {
@@ -580,7 +615,7 @@ run_once(LoopObject *self)
             HandleObject *h = HANDLE_OF_NODE(top);
             h->scheduled = 0;
             tl_count(&health->timers_fired, 1);
-            tl_hist_record(&health->lateness, (int64_t)((now - top->key) * 1e9));
+            tl_hist_record(&health->lateness, (int64_t)((timer_now - top->key) * 1e9));
             if (ready_push(self, h) < 0)   /* the heap's reference moves */
                 return -1;
         }
@@ -715,8 +750,10 @@ PyObject *
 tl_loop_call_later(LoopObject *self, double delay, PyObject *callback)
 {
     PyObject *args[1] = {callback};
-    return schedule_at(self, "call_later", tl_monotonic() + delay, args, 1,
-                       NULL);
+    double now;
+    if (loop_clock(self, &now) < 0)
+        return NULL;
+    return schedule_at(self, "call_later", now + delay, args, 1, NULL);
 }
 
 static PyObject *
@@ -733,7 +770,9 @@ loop_call_later(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
         PyErr_SetString(PyExc_TypeError, "delay must not be None");
         return NULL;
     }
-    double now = tl_monotonic(), when;
+    double now, when;
+    if (loop_clock(self, &now) < 0)
+        return NULL;
     PyObject *delay = args[0];
     if (PyFloat_CheckExact(delay)) {
         when = now + PyFloat_AS_DOUBLE(delay);
@@ -1679,6 +1718,7 @@ static PyMemberDef loop_members[] = {
 static PyType_Slot loop_slots[] = {
     {Py_tp_new, loop_new},
     {Py_tp_dealloc, loop_dealloc},
+    {Py_tp_setattro, loop_setattro},
     {Py_tp_traverse, loop_traverse},
     {Py_tp_clear, loop_clear},
     {Py_tp_methods, loop_methods},
