@@ -14,7 +14,10 @@ What it does on the tideloop side:
   ``loop_factory=tideloop.new_event_loop`` for the asyncio backend, aiohttp's
   pytest plugin ``loop_factory`` (``--aiohttp-loop=pyloop``, i.e.
   ``asyncio.new_event_loop``) becomes ``tideloop.new_event_loop``.  The
-  fixtures stay the suites' own: only the value they hand to the tests changes.
+  fixtures stay the suites' own: only the value they hand to the tests changes;
+* helpers of the suite's test package that name the stock loop class as the
+  default loop (uvicorn's ``tests/utils.get_asyncio_default_loop_per_os``)
+  answer tideloop's Loop, the default loop under tideloop's policy.
 
 On both sides it counts the loops made (tideloop's and the stock
 ``asyncio.BaseEventLoop`` ones) and writes them as JSON to
@@ -73,6 +76,25 @@ def pytest_configure(config):
         import tideloop     # an import error here fails the whole run, never skips
         _count_instances(tideloop.Loop, "tideloop")
         asyncio.set_event_loop_policy(tideloop.EventLoopPolicy())
+
+
+# Helpers of a suite's own test package that name the stock loop class as
+# "the default loop" (uvicorn's tests/utils.py): on the tideloop side the
+# default loop is tideloop's, so they answer that.  Patched where the test
+# modules imported them, after collection; the tests themselves unchanged.
+DEFAULT_LOOP_HELPERS = ("get_asyncio_default_loop_per_os",)
+
+
+def pytest_collection_finish(session):
+    if MODE != "tideloop":
+        return
+    import sys
+    import tideloop
+    for module in list(sys.modules.values()):
+        for name in DEFAULT_LOOP_HELPERS:
+            helper = getattr(module, name, None)
+            if callable(helper) and getattr(helper, "__module__", "").startswith("tests"):
+                setattr(module, name, lambda: tideloop.Loop)
 
 
 def pytest_report_header(config):
