@@ -18,7 +18,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY="${PYTHON:-python3}"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-cp -r "$ROOT/src" "$ROOT/tests" "$ROOT/examples" "$ROOT/stress" "$ROOT/tools" "$ROOT/setup.py" "$ROOT/pyproject.toml" \
+cp -r "$ROOT/src" "$ROOT/tests" "$ROOT/examples" "$ROOT/stress" "$ROOT/tools" "$ROOT/bench" "$ROOT/results" \
+      "$ROOT/docs" "$ROOT/setup.py" "$ROOT/pyproject.toml" \
       "$ROOT/README.md" "$ROOT/LICENSE" "$WORK/"
 cd "$WORK"
 find src -name '*.so' -delete
