@@ -12,7 +12,6 @@
 #include "internal.h"
 
 #include <errno.h>
-#include <sched.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <math.h>
@@ -1046,27 +1045,17 @@ loop_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
     self->dirty_len = 0;
     self->fds_registered = 0;
     self->fds_internal = 0;
-    /* The fds are closed without the GIL, as the stock loop's selector
-     * closes its epoll fd (select.epoll.close): threads waiting for the
-     * GIL get a turn at shutdown there, and code relies on it (anyio's
-     * idle worker threads, stopped by the last callbacks, have exited by
-     * the time asyncio.run() returns). */
-    tl_poller *poller = self->poller;
-    int forked = poller != NULL && tl_loop_is_forked(self);
-    int wakeup_fd = self->wakeup_fd;
-    self->poller = NULL;
-    self->wakeup_fd = -1;
-    Py_BEGIN_ALLOW_THREADS
-    if (poller != NULL) {
-        if (forked)
-            tl_poller_abandon(poller);
+    if (self->poller != NULL) {
+        if (tl_loop_is_forked(self))
+            tl_poller_abandon(self->poller);
         else
-            tl_poller_free(poller);
+            tl_poller_free(self->poller);
+        self->poller = NULL;
     }
-    if (wakeup_fd >= 0)
-        close(wakeup_fd);
-    sched_yield();
-    Py_END_ALLOW_THREADS
+    if (self->wakeup_fd >= 0) {
+        close(self->wakeup_fd);
+        self->wakeup_fd = -1;
+    }
     Py_RETURN_NONE;
 }
 
