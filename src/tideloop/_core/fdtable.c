@@ -70,29 +70,6 @@ tl_fd_from_object(PyObject *fileobj)
  * keeps the same: self->fileobjs maps fd -> the non-int object of the
  * registration that created the fd's entry (as the selector's key does);
  * ints, by far the common case, cost nothing. */
-static int
-fileobj_note(LoopObject *self, int fd, PyObject *fileobj)
-{
-    PyObject *key = PyLong_FromLong(fd);
-    if (key == NULL)
-        return -1;
-    int rc = 0;
-    if (!PyLong_Check(fileobj)) {
-        if (self->fileobjs == NULL && (self->fileobjs = PyDict_New()) == NULL)
-            rc = -1;
-        else
-            rc = PyDict_SetItem(self->fileobjs, key, fileobj);
-    }
-    else if (self->fileobjs != NULL && PyDict_DelItem(self->fileobjs, key) < 0) {
-        if (PyErr_ExceptionMatches(PyExc_KeyError))
-            PyErr_Clear();
-        else
-            rc = -1;
-    }
-    Py_DECREF(key);
-    return rc;
-}
-
 static void
 fileobj_forget(LoopObject *self, int fd)
 {
@@ -102,6 +79,24 @@ fileobj_forget(LoopObject *self, int fd)
     if (key == NULL || PyDict_DelItem(self->fileobjs, key) < 0)
         PyErr_Clear();
     Py_XDECREF(key);
+}
+
+/* A new registration on fd was made with fileobj. */
+static int
+fileobj_note(LoopObject *self, int fd, PyObject *fileobj)
+{
+    if (PyLong_Check(fileobj)) {
+        fileobj_forget(self, fd);
+        return 0;
+    }
+    if (self->fileobjs == NULL && (self->fileobjs = PyDict_New()) == NULL)
+        return -1;
+    PyObject *key = PyLong_FromLong(fd);
+    if (key == NULL)
+        return -1;
+    int rc = PyDict_SetItem(self->fileobjs, key, fileobj);
+    Py_DECREF(key);
+    return rc;
 }
 
 /* The fd whose registration was made with this very object, or -1. */
@@ -527,8 +522,7 @@ add_io(LoopObject *self, PyObject *const *args, Py_ssize_t nargs,
         Py_DECREF(h);
         return NULL;
     }
-    if (new_key && (self->fileobjs != NULL || !PyLong_Check(args[0])) &&
-        fileobj_note(self, fd, args[0]) < 0) {
+    if (new_key && fileobj_note(self, fd, args[0]) < 0) {
         Py_DECREF(h);
         return NULL;
     }
@@ -579,8 +573,7 @@ remove_io(LoopObject *self, PyObject *fileobj, int which, int public)
     int removed;
     if (tl_fd_remove(self, fd, which, &removed) < 0)
         return NULL;
-    if (self->fileobjs != NULL && (size_t)fd < self->fds_cap &&
-        fd_wanted(&self->fds[fd]) == 0)
+    if ((size_t)fd < self->fds_cap && fd_wanted(&self->fds[fd]) == 0)
         fileobj_forget(self, fd);
     return PyBool_FromLong(removed);
 }
