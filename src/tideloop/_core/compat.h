@@ -56,10 +56,10 @@ tl_type_name(PyTypeObject *tp)
 }
 
 /* -- Hash of a double, as hash(float) (TimerHandle.__hash__) --
- * 3.11-3.14: _Py_HashDouble(obj, v) (cpython/pyhash.h), which hashes NaN by
+ * 3.11-3.15: _Py_HashDouble(obj, v) (cpython/pyhash.h), which hashes NaN by
  * the object's identity as hash(float('nan')) does.  Elsewhere: hash a
  * float object for finite values, the handle's identity for NaN. */
-#if PY_VERSION_HEX < 0x030F0000
+#if PY_VERSION_HEX < 0x03100000
 #  define TL_COMPAT_HASH_DOUBLE "private"
 static inline Py_hash_t
 tl_hash_double(PyObject *owner, double v)
@@ -83,10 +83,10 @@ tl_hash_double(PyObject *owner, double v)
 #endif
 
 /* -- Shrinking a fresh bytes object in place (reads into a bytes buffer) --
- * _PyBytes_Resize is declared in cpython/bytesobject.h on 3.11-3.14 (it is
+ * _PyBytes_Resize is declared in cpython/bytesobject.h on 3.11-3.15 (it is
  * the documented way to build a bytes object of unknown size).  Fallback:
  * a copy of the prefix. */
-#if PY_VERSION_HEX < 0x030F0000
+#if PY_VERSION_HEX < 0x03100000
 #  define TL_COMPAT_BYTES_RESIZE "private"
 static inline int
 tl_bytes_resize(PyObject **b, Py_ssize_t n)
@@ -151,10 +151,10 @@ tl_err_set_raised(PyObject *exc)
 #endif
 
 /* -- Context snapshots: the Context object layout and the thread state's
- * context/context_ver fields (see handle.c).  3.11-3.14 share the layout;
+ * context/context_ver fields (see handle.c).  3.11-3.15 share the layout;
  * it is verified at import and the plain copy is used otherwise (and on
  * versions not listed here). */
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030F0000
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x03100000
 #  define TL_COMPAT_CONTEXT_LAYOUT "private-checked"
 #  define TL_HAVE_CONTEXT_LAYOUT 1
 #else
