@@ -373,17 +373,22 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         self._check_fd_transport(fd)
 
     def _make_socket_transport(self, sock, protocol, waiter=None, *,
-                               extra=None, server=None):
+                               extra=None, server=None, context=None):
+        # context (3.15+): the Context every protocol callback of the
+        # connection runs in (asyncio passes a copy of the caller's, or of
+        # the server's, context).
         if isinstance(sock, socket.socket):
             return _core.Loop._make_socket_transport(
-                self, sock, protocol, waiter, extra=extra, server=server)
+                self, sock, protocol, waiter, extra=extra, server=server,
+                context=context)
         # Not a socket (a test double, say): the C transport works on the
         # file descriptor itself, asyncio's Python one only through the
         # object's methods, so that one is used.
         if self._transports is None:
             self._transports = weakref.WeakValueDictionary()
+        kwargs = {"context": context} if context is not None else {}
         return _selector_events._SelectorSocketTransport(
-            self, sock, protocol, waiter, extra, server)
+            self, sock, protocol, waiter, extra, server, **kwargs)
 
     # Python transports (see _make_socket_transport), by fd; made on first use.
     _transports = None
@@ -399,33 +404,39 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
             *, server_side=False, server_hostname=None,
             extra=None, server=None,
             ssl_handshake_timeout=_constants.SSL_HANDSHAKE_TIMEOUT,
-            ssl_shutdown_timeout=_constants.SSL_SHUTDOWN_TIMEOUT):
+            ssl_shutdown_timeout=_constants.SSL_SHUTDOWN_TIMEOUT,
+            context=None):
         ssl_protocol = _tls.new_ssl_protocol(
             self, protocol, sslcontext, waiter, server_side, server_hostname,
             ssl_handshake_timeout=ssl_handshake_timeout,
             ssl_shutdown_timeout=ssl_shutdown_timeout)
         self._make_socket_transport(rawsock, ssl_protocol, extra=extra,
-                                    server=server)
+                                    server=server, context=context)
         return ssl_protocol._app_transport
 
     def _start_serving(self, protocol_factory, sock, sslcontext=None,
                        server=None, backlog=100,
                        ssl_handshake_timeout=_constants.SSL_HANDSHAKE_TIMEOUT,
-                       ssl_shutdown_timeout=_constants.SSL_SHUTDOWN_TIMEOUT):
+                       ssl_shutdown_timeout=_constants.SSL_SHUTDOWN_TIMEOUT,
+                       context=None):
+        # context (3.15+): the Server's context; each connection runs in a
+        # copy of it.
         if sslcontext:
             # TLS servers accept through asyncio's path (the handshake
             # dominates their cost); plain ones through the C listener.
+            # (Its context argument exists where the Server passes one.)
+            extra = (context,) if context is not None else ()
             self._add_reader(sock.fileno(), self._accept_connection,
                              protocol_factory, sock, sslcontext, server,
                              backlog, ssl_handshake_timeout,
-                             ssl_shutdown_timeout)
+                             ssl_shutdown_timeout, *extra)
             return
         listeners = self.__dict__.setdefault("_listeners", {})
         old = listeners.pop(sock.fileno(), None)
         if old is not None:
             old.close()
         listeners[sock.fileno()] = self._serve(protocol_factory, sock, server,
-                                               backlog)
+                                               backlog, context)
 
     def _stop_serving(self, sock):
         # 3.13+: a Unix server socket made with cleanup_socket=True has its

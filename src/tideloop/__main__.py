@@ -395,7 +395,9 @@ def _run_script(script, args):
     main = _new_main_module()
     d = main.__dict__
     d["__file__"] = filename
-    d["__cached__"] = None
+    from tideloop import _compat
+    if _compat.SCRIPT_MAIN_HAS_CACHED:
+        d["__cached__"] = None
     status = _run_main(_exec_script, filename, source, d)
     # As the interpreter does once the script ended (but not on SystemExit,
     # where it exits at once): atexit handlers see no __file__.

@@ -286,11 +286,38 @@ _record("writelines_skips_empty", "3.14.x and later patch releases (probed)",
         "skips" if WRITELINES_SKIPS_EMPTY else "keeps",
         "_SelectorSocketTransport.writelines([false item])")
 
+# 3.15+: a connection runs its protocol callbacks in one Context: a copy of
+# the caller's (create_connection) or of the Server's (each accepted
+# connection); the loop's transport methods take context=.
+_selector_loop = _lookup("asyncio.selector_events.BaseSelectorEventLoop")
+CONNECTION_CONTEXT = _selector_loop is not None and "context" in inspect.signature(
+    _selector_loop._make_socket_transport).parameters
+_record("connection_context", "3.11-3.14: a copy per callback; 3.15+: one per connection",
+        "per-connection" if CONNECTION_CONTEXT else "per-callback",
+        "BaseSelectorEventLoop._make_socket_transport(context=) and Server._context")
+
 # 3.13+: sendto(b"") sends an empty datagram (3.11-3.12 drop it).
 DGRAM_SENDS_EMPTY = sys.version_info >= (3, 13)
 _record("dgram_empty", "3.11-3.12: dropped; 3.13+: sent",
         "sent" if DGRAM_SENDS_EMPTY else "dropped",
         "_SelectorDatagramTransport.sendto(b'')")
+
+# -- the iteration ---------------------------------------------------------
+
+# 3.15: _run_once takes the timers due before now + max(clock resolution,
+# ulp(now)), so that a clock finer than a double's spacing at the current
+# time (a long uptime) still moves the end past now.  Probed: patch releases
+# may take it.
+def _timer_end_ulp():
+    try:
+        return "ulp(" in inspect.getsource(_base_events.BaseEventLoop._run_once)
+    except (OSError, TypeError):
+        return PY >= (3, 15)
+
+
+TIMER_END_ULP = _timer_end_ulp()
+_record("timer_end_ulp", "3.15+ (probed)", "ulp" if TIMER_END_ULP else "resolution",
+        "BaseEventLoop._run_once's end time: now + max(resolution, ulp(now))")
 
 # 3.14: call_soon_threadsafe() returns a _ThreadSafeHandle (a cancel() from
 # another thread waits for the running callback); None where there is none.
@@ -416,6 +443,13 @@ _record("unix_server_cleanup", "3.13+", "cleanup_socket" if UNIX_SERVER_CLEANUP 
         "create_unix_server(cleanup_socket=) and loop._unix_server_sockets")
 
 # -- running scripts (python -m tideloop run) ---------------------------------
+
+# A script's __main__ module has __cached__ = None up to 3.14; 3.15 sets
+# no __cached__ there.
+SCRIPT_MAIN_HAS_CACHED = PY < (3, 15)
+_record("script_main_cached", "3.11-3.14: None; 3.15+: absent",
+        "none" if SCRIPT_MAIN_HAS_CACHED else "absent",
+        "__main__.__cached__ of a script run by python -m tideloop run")
 
 run_module_as_main = _lookup("runpy._run_module_as_main")
 _record("runpy_run_module_as_main", "3.11-3.14",

@@ -67,6 +67,9 @@ def expected_py_branches():
         "child_exit_published": "at-once" if PY >= (3, 14) else "next-iteration",
         "create_task_factory": ("set_task_name-helper" if PY < (3, 13) else
                                 "set_name" if PY < (3, 14) else "kwargs"),
+        "connection_context": "per-connection" if PY >= (3, 15) else "per-callback",
+        "timer_end_ulp": "ulp" if PY >= (3, 15) else "resolution",
+        "script_main_cached": "absent" if PY >= (3, 15) else "none",
     }
 
 

@@ -2,18 +2,25 @@
 
 - server-side callbacks see the context current when create_server ran,
   client-side ones the context current when create_connection ran;
-- connection_made and the read callbacks run in different copies;
-- data_received / eof_received of one connection share one context (what one
-  call sets, the next one sees), separate from other connections';
-- connection_lost runs in the context of whoever called close()."""
+- 3.11-3.14: connection_made and the read callbacks run in different
+  copies; data_received / eof_received of one connection share one context
+  (what one call sets, the next one sees), separate from other
+  connections'; connection_lost runs in the context of whoever called
+  close();
+- 3.15+: every callback of a connection runs in one context of its own (a
+  copy of the server's context per accepted connection, of the caller's
+  for create_connection): what connection_made sets, data_received sees,
+  and connection_lost runs there too, whoever called close()."""
 import asyncio
 import contextvars
+import sys
 
 import pytest
 
 from net_helpers import arun, close_server, wait, wait_until
 
 var = contextvars.ContextVar("tcp_ctx_var", default="unset")
+PER_CONNECTION = sys.version_info >= (3, 15)
 
 
 @pytest.fixture(params=["tcp", "unix"])
@@ -73,17 +80,31 @@ def test_protocol_callback_contexts(loop, kind, tmp_path):
         assert var.get() == "in-main"  # nothing leaked into the task
 
     arun(loop, main())
-    assert sorted(seen) == sorted([
-        ("s", "made", "at-create-server"),
-        ("c", "made", "at-create-connection"),
-        ("s", "data1", "at-create-server"),
-        ("c", "data1", "at-create-connection"),
-        ("s", "data2", "s-data1"),
-        ("c", "data2", "c-data1"),
-        ("c", "lost", "in-main"),        # close() called from main
-        ("s", "eof", "s-data2"),
-        ("s", "lost", "s-data2"),        # closed from eof handling in the reader
-    ])
+    if PER_CONNECTION:
+        expected = [
+            ("s", "made", "at-create-server"),
+            ("c", "made", "at-create-connection"),
+            ("s", "data1", "s-made"),
+            ("c", "data1", "c-made"),
+            ("s", "data2", "s-data1"),
+            ("c", "data2", "c-data1"),
+            ("c", "lost", "c-data2"),    # in the connection's own context
+            ("s", "eof", "s-data2"),
+            ("s", "lost", "s-data2"),
+        ]
+    else:
+        expected = [
+            ("s", "made", "at-create-server"),
+            ("c", "made", "at-create-connection"),
+            ("s", "data1", "at-create-server"),
+            ("c", "data1", "at-create-connection"),
+            ("s", "data2", "s-data1"),
+            ("c", "data2", "c-data1"),
+            ("c", "lost", "in-main"),    # close() called from main
+            ("s", "eof", "s-data2"),
+            ("s", "lost", "s-data2"),    # closed from eof handling in the reader
+        ]
+    assert sorted(seen) == sorted(expected)
 
 
 def test_connections_do_not_share_read_context(loop):
@@ -108,5 +129,7 @@ def test_connections_do_not_share_read_context(loop):
 
     arun(loop, main())
     data = [x for x in seen if x[1] == "data1"]
-    # the second connection does not see what the first one's data_received set
-    assert data == [("s", "data1", "base"), ("s", "data1", "base")]
+    # the second connection does not see what the first one's data_received
+    # set (3.15+: each sees what its own connection_made set)
+    before = "s-made" if PER_CONNECTION else "base"
+    assert data == [("s", "data1", before), ("s", "data1", before)]

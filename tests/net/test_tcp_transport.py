@@ -46,6 +46,18 @@ def stock_keeps_views_xfail(request, loop_name):
             "write()/writelines() (tideloop copies it)")))
 
 
+@pytest.fixture
+def stock_stuck_after_failed_writelines_xfail(request, loop_name):
+    """3.15's stock writelines() queues the items before a bad one, then
+    raises: they stay queued with no writer armed, and every later write
+    waits behind them for ever.  tideloop queues nothing of a writelines()
+    that fails."""
+    if loop_name == "asyncio" and sys.version_info >= (3, 15):
+        request.node.add_marker(pytest.mark.xfail(strict=True, reason=(
+            "stock asyncio 3.15 keeps the items before a failing one queued "
+            "without arming the writer: later writes never go out")))
+
+
 @pytest.fixture(params=["tcp", "unix"])
 def kind(request):
     return request.param
@@ -217,6 +229,7 @@ def test_write_non_bytes_type_error(loop, kind, tmp_path, bad, name):
     arun(loop, main())
 
 
+@pytest.mark.usefixtures("stock_stuck_after_failed_writelines_xfail")
 def test_writelines_type_error_message(loop, kind, tmp_path):
     async def main():
         srv, ctr, cpr, spr = await pair(loop, kind, tmp_path)
@@ -1177,7 +1190,9 @@ def test_reader_armed_again_takes_the_new_context(loop):
     """resume_reading() inside connection_made arms the reader in
     connection_made's context; the transport's own start of reading, which
     runs next, arms it again in its context, and that is the one
-    data_received sees (asyncio's add_reader replaces the Handle)."""
+    data_received sees (asyncio's add_reader replaces the Handle).  3.15+:
+    the reader always runs in the connection's context, which
+    connection_made set the variable in."""
     import contextvars
     var = contextvars.ContextVar("var", default="unset")
 
@@ -1199,7 +1214,8 @@ def test_reader_armed_again_takes_the_new_context(loop):
         await loop.connect_accepted_socket(lambda: p, a1)
         a2.send(b"x")
         await wait_until(lambda: p.seen is not None)
-        assert p.seen == "unset"
+        assert p.seen == ("connection_made" if sys.version_info >= (3, 15)
+                          else "unset")
         await close_all([p.transport], [a2])
 
     arun(loop, main())

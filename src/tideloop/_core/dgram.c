@@ -557,7 +557,7 @@ loop_make_datagram_transport(LoopObject *loop, PyObject *args, PyObject *kwds)
         return NULL;
     TransportObject *tr = tl_tr_create(
         loop, loop->state->DatagramTransportType, &dgram_ops, fd, sock, family,
-        type, proto, protocol, waiter, extra, NULL, NULL, 0);
+        type, proto, protocol, waiter, extra, NULL, NULL, 0, NULL);
     if (tr == NULL)
         return NULL;
     int truth = PyObject_IsTrue(address);

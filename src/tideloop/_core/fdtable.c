@@ -319,9 +319,11 @@ tl_fd_add_handle(LoopObject *self, int fd, int which, HandleObject *h,
 }
 
 int
-tl_fd_watch(LoopObject *self, int fd, int which, tl_io_watcher *w)
+tl_fd_watch(LoopObject *self, int fd, int which, tl_io_watcher *w,
+            PyObject *context)
 {
-    PyObject *ctx = PyContext_CopyCurrent();
+    PyObject *ctx = context != NULL ? Py_NewRef(context)
+                                    : PyContext_CopyCurrent();
     if (ctx == NULL)
         return -1;
     if (w->armed) {
@@ -493,9 +495,33 @@ tl_fd_check_no_transport(LoopObject *self, int fd)
 
 /* ---- the Loop's fd methods ---- */
 
+/* The internal forms take context= (3.15's _add_reader/_add_writer: the
+ * Handle runs in that Context instead of a copy of the current one). */
+static int
+add_io_context(const char *method, PyObject *const *kwargs, PyObject *kwnames,
+               PyObject **context)
+{
+    *context = NULL;
+    if (kwnames == NULL)
+        return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+        if (PyUnicode_CompareWithASCIIString(k, "context") != 0) {
+            PyErr_Format(PyExc_TypeError,
+                         "%s() got an unexpected keyword argument '%S'",
+                         method, k);
+            return -1;
+        }
+        *context = kwargs[i];
+    }
+    if (*context == Py_None)
+        *context = NULL;
+    return *context != NULL ? tl_check_context_arg(*context) : 0;
+}
+
 static PyObject *
 add_io(LoopObject *self, PyObject *const *args, Py_ssize_t nargs,
-       const char *method, int which, int ret_handle)
+       PyObject *context, const char *method, int which, int ret_handle)
 {
     if (nargs < 2) {
         PyErr_Format(PyExc_TypeError,
@@ -512,7 +538,7 @@ add_io(LoopObject *self, PyObject *const *args, Py_ssize_t nargs,
         return NULL;
     tl_state *st = self->state;
     HandleObject *h = tl_handle_new(st, st->HandleType, self, args[1], args + 2,
-                                    nargs - 2, NULL, 1);
+                                    nargs - 2, context, 1);
     if (h == NULL)
         return NULL;
     /* A new registration (no other slot in use) takes this object as its
@@ -581,27 +607,37 @@ remove_io(LoopObject *self, PyObject *fileobj, int which, int public)
 static PyObject *
 loop_add_reader(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    return add_io(self, args, nargs, "add_reader", TL_POLL_READ, 0);
+    return add_io(self, args, nargs, NULL, "add_reader", TL_POLL_READ, 0);
 }
 
 static PyObject *
 loop_add_writer(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    return add_io(self, args, nargs, "add_writer", TL_POLL_WRITE, 0);
+    return add_io(self, args, nargs, NULL, "add_writer", TL_POLL_WRITE, 0);
 }
 
 /* The internal forms (asyncio's _add_reader): no transport check, and the
  * Handle is returned. */
 static PyObject *
-loop__add_reader(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
+loop__add_reader(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
+                 PyObject *kwnames)
 {
-    return add_io(self, args, nargs, "_add_reader", TL_POLL_READ, 1);
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *context;
+    if (add_io_context("_add_reader", args + nargs, kwnames, &context) < 0)
+        return NULL;
+    return add_io(self, args, nargs, context, "_add_reader", TL_POLL_READ, 1);
 }
 
 static PyObject *
-loop__add_writer(LoopObject *self, PyObject *const *args, Py_ssize_t nargs)
+loop__add_writer(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
+                 PyObject *kwnames)
 {
-    return add_io(self, args, nargs, "_add_writer", TL_POLL_WRITE, 1);
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *context;
+    if (add_io_context("_add_writer", args + nargs, kwnames, &context) < 0)
+        return NULL;
+    return add_io(self, args, nargs, context, "_add_writer", TL_POLL_WRITE, 1);
 }
 
 static PyObject *
@@ -699,10 +735,10 @@ const PyMethodDef tl_fd_loop_methods[] = {
      "add_reader(fd, callback, *args)"},
     {"add_writer", (PyCFunction)(void (*)(void))loop_add_writer, METH_FASTCALL,
      "add_writer(fd, callback, *args)"},
-    {"_add_reader", (PyCFunction)(void (*)(void))loop__add_reader, METH_FASTCALL,
-     NULL},
-    {"_add_writer", (PyCFunction)(void (*)(void))loop__add_writer, METH_FASTCALL,
-     NULL},
+    {"_add_reader", (PyCFunction)(void (*)(void))loop__add_reader,
+     METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"_add_writer", (PyCFunction)(void (*)(void))loop__add_writer,
+     METH_FASTCALL | METH_KEYWORDS, NULL},
     {"remove_reader", (PyCFunction)loop_remove_reader, METH_O, NULL},
     {"remove_writer", (PyCFunction)loop_remove_writer, METH_O, NULL},
     {"_remove_reader", (PyCFunction)loop__remove_reader, METH_O, NULL},

@@ -65,6 +65,16 @@ tl_context_init(tl_state *st)
     return 0;
 }
 
+int
+tl_check_context_arg(PyObject *context)
+{
+    if (context == Py_None || PyContext_CheckExact(context))
+        return 0;
+    PyErr_Format(PyExc_TypeError, "a contextvars.Context was expected, got %s",
+                 tl_type_name(Py_TYPE(context)));
+    return -1;
+}
+
 /* A new Context holding vars (a snapshot). */
 PyObject *
 tl_context_from_vars(PyObject *vars)

@@ -235,6 +235,9 @@ typedef struct {
     int writelines_views;        /* 3.12+: writelines() of its own (no join) */
     int writelines_skips_empty;  /* later releases: false items are dropped */
     int dgram_sends_empty;       /* 3.13+: sendto(b"") sends an empty datagram */
+    /* 3.15+: an iteration's timers are due before now + max(clock
+     * resolution, ulp(now)) (probed from BaseEventLoop._run_once). */
+    int timer_end_ulp;
 
     /* Recycled handle memory (GC-untracked, type reference dropped). */
     HandleObject *handle_freelist;
@@ -531,6 +534,9 @@ HandleObject *tl_handle_new(tl_state *st, PyTypeObject *type, LoopObject *loop,
                             Py_ssize_t nargs, PyObject *context, int reusable);
 int tl_context_init(tl_state *st);
 PyObject *tl_context_from_vars(PyObject *vars);
+/* A context= argument the callbacks will run in: None or a
+ * contextvars.Context (else TypeError, worded as 3.15's Task words it). */
+int tl_check_context_arg(PyObject *context);
 /* -1 only to propagate (SystemExit, KeyboardInterrupt, a failing report):
  * other errors of the callback go to the exception handler. */
 int tl_handle_run(HandleObject *h);
@@ -552,10 +558,12 @@ int tl_fd_from_object(PyObject *fileobj);   /* the fd, or -1 with an error */
  * waits: finishing costs no syscall, waiting again one). */
 int tl_fd_add_handle(LoopObject *loop, int fd, int which, HandleObject *h,
                      int oneshot);
-/* Arm w (its owner's fn) for fd in this call's context; armed again: the
- * new context, and an event already queued is dropped (as asyncio's
+/* Arm w (its owner's fn) for fd; it runs in context (NULL: a copy of this
+ * call's context, as asyncio's add_reader Handle takes one).  Armed again:
+ * the new context, and an event already queued is dropped (as asyncio's
  * add_reader replaces its Handle). */
-int tl_fd_watch(LoopObject *loop, int fd, int which, tl_io_watcher *w);
+int tl_fd_watch(LoopObject *loop, int fd, int which, tl_io_watcher *w,
+                PyObject *context);
 /* Empty fd's reader or writer slot; *removed (may be NULL): there was one. */
 int tl_fd_remove(LoopObject *loop, int fd, int which, int *removed);
 int tl_fd_dispatch(LoopObject *loop, int fd, int mask);
@@ -571,8 +579,11 @@ extern const PyMethodDef tl_fd_loop_methods[];
 
 /* loop.c: the Loop type, iteration, ready queue, timers. */
 extern PyType_Spec tl_loop_spec;
+/* call_soon(callback, *args, context=context); NULL: a copy of the
+ * current context. */
 int tl_loop_call_soon(LoopObject *loop, PyObject *callback,
-                      PyObject *const *args, Py_ssize_t nargs);
+                      PyObject *const *args, Py_ssize_t nargs,
+                      PyObject *context);
 PyObject *tl_loop_call_later(LoopObject *loop, double delay,
                              PyObject *callback);
 PyObject *tl_loop_create_future(LoopObject *loop);

@@ -20,6 +20,8 @@ typedef struct {
     int family, type, proto;
     PyObject *protocol_factory;
     PyObject *server;
+    PyObject *context;          /* 3.15+: the Server's context; each
+                                   connection runs in a copy of it */
     tl_io_watcher accept;       /* listener_accept_ready, in C */
     PyObject *retry_handle;     /* pending call_later after EMFILE */
     int backlog;
@@ -32,7 +34,7 @@ listener_start(ListenerObject *self, PyObject *Py_UNUSED(ignored))
     Py_CLEAR(self->retry_handle);
     if (self->closed)
         Py_RETURN_NONE;
-    if (tl_fd_watch(self->loop, self->fd, TL_POLL_READ, &self->accept) < 0)
+    if (tl_fd_watch(self->loop, self->fd, TL_POLL_READ, &self->accept, NULL) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -86,12 +88,35 @@ listener_new_connection(ListenerObject *self, int cfd, struct sockaddr *addr,
         }
         Py_DECREF(r);
     }
+    /* 3.15+: as asyncio's accept task, the protocol is made in the
+     * connection's own copy of the server's context, and the transport runs
+     * every protocol callback in that copy. */
+    PyObject *conn_context = NULL;
+    if (self->context != NULL) {
+        conn_context = PyContext_Copy(self->context);
+        if (conn_context == NULL || PyContext_Enter(conn_context) < 0) {
+            Py_XDECREF(conn_context);
+            close(cfd);
+            return -1;
+        }
+    }
     PyObject *protocol = PyObject_CallNoArgs(self->protocol_factory);
     TransportObject *tr = NULL;
     if (protocol != NULL) {
         tr = tl_stream_new(loop, cfd, NULL, self->family, self->type,
                            self->proto, protocol, NULL, NULL, self->server,
-                           addr, alen);
+                           addr, alen, conn_context);
+    }
+    if (conn_context != NULL) {
+        PyObject *exc = tl_err_get_raised();
+        if (PyContext_Exit(conn_context) < 0) {
+            /* Cannot happen (entered above, nothing else exits it). */
+            Py_XDECREF(exc);
+            exc = tl_err_get_raised();
+            Py_CLEAR(tr);
+        }
+        tl_err_set_raised(exc);
+        Py_DECREF(conn_context);
     }
     if (tr != NULL) {
         Py_DECREF(protocol);
@@ -167,13 +192,17 @@ listener_close(ListenerObject *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-/* Loop._serve(protocol_factory, sock, server, backlog) -> Listener */
+/* Loop._serve(protocol_factory, sock, server, backlog, context=None)
+ * -> Listener */
 static PyObject *
 loop_serve(LoopObject *loop, PyObject *args)
 {
-    PyObject *factory, *sock, *server;
+    PyObject *factory, *sock, *server, *context = Py_None;
     int backlog;
-    if (!PyArg_ParseTuple(args, "OOOi:_serve", &factory, &sock, &server, &backlog))
+    if (!PyArg_ParseTuple(args, "OOOi|O:_serve", &factory, &sock, &server,
+                          &backlog, &context))
+        return NULL;
+    if (tl_check_context_arg(context) < 0)
         return NULL;
     tl_state *st = loop->state;
     ListenerObject *self = PyObject_GC_New(ListenerObject, st->ListenerType);
@@ -184,6 +213,7 @@ loop_serve(LoopObject *loop, PyObject *args)
     self->sock = Py_NewRef(sock);
     self->protocol_factory = Py_NewRef(factory);
     self->server = Py_NewRef(server);
+    self->context = context != Py_None ? Py_NewRef(context) : NULL;
     self->backlog = backlog > 0 ? backlog : 1;
     self->fd = -1;
     self->accept = (tl_io_watcher){.fn = listener_accept_ready,
@@ -211,6 +241,7 @@ listener_traverse(ListenerObject *self, visitproc visit, void *arg)
     Py_VISIT(self->sock);
     Py_VISIT(self->protocol_factory);
     Py_VISIT(self->server);
+    Py_VISIT(self->context);
     Py_VISIT(self->accept.context);
     Py_VISIT(self->retry_handle);
     return 0;
@@ -223,6 +254,7 @@ listener_clear(ListenerObject *self)
     Py_CLEAR(self->sock);
     Py_CLEAR(self->protocol_factory);
     Py_CLEAR(self->server);
+    Py_CLEAR(self->context);
     Py_CLEAR(self->accept.context);
     Py_CLEAR(self->retry_handle);
     return 0;

@@ -606,7 +606,15 @@ run_once(LoopObject *self)
         double timer_now = now;
         if (self->time_overridden && loop_clock(self, &timer_now) < 0)
             return -1;
-        double end_time = timer_now + self->clock_resolution;
+        double step = self->clock_resolution;
+        if (self->state->timer_end_ulp) {
+            /* 3.15: end_time strictly after now even where the clock's
+             * resolution is below a double's spacing (a long uptime). */
+            double ulp = nextafter(timer_now, INFINITY) - timer_now;
+            if (ulp > step)
+                step = ulp;
+        }
+        double end_time = timer_now + step;
         tl_heap_node *top;
         while ((top = tl_heap_top(&self->timers)) != NULL &&
                top->key < end_time) {
@@ -1061,13 +1069,13 @@ loop_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
 
 int
 tl_loop_call_soon(LoopObject *self, PyObject *callback, PyObject *const *args,
-                  Py_ssize_t nargs)
+                  Py_ssize_t nargs, PyObject *context)
 {
     if (tl_check_closed(self) < 0)
         return -1;
     tl_state *st = self->state;
     HandleObject *h = tl_handle_new(st, st->HandleType, self, callback, args,
-                                    nargs, NULL, 0);
+                                    nargs, context, 0);
     if (h == NULL)
         return -1;
     return ready_push(self, h);

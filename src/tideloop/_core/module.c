@@ -283,7 +283,8 @@ core_exec(PyObject *m)
         st->create_task_style = TL_CREATE_TASK_STOCK;
     if (compat_flag(compat, "WRITELINES_VIEWS", &st->writelines_views) < 0 ||
         compat_flag(compat, "WRITELINES_SKIPS_EMPTY", &st->writelines_skips_empty) < 0 ||
-        compat_flag(compat, "DGRAM_SENDS_EMPTY", &st->dgram_sends_empty) < 0)
+        compat_flag(compat, "DGRAM_SENDS_EMPTY", &st->dgram_sends_empty) < 0 ||
+        compat_flag(compat, "TIMER_END_ULP", &st->timer_end_ulp) < 0)
         goto done;
     if (compat_flag(compat, "SERVER_ATTACH_TAKES_TRANSPORT",
                     &st->server_attach_takes_transport) < 0)

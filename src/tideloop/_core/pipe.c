@@ -97,7 +97,7 @@ rp_read_ready(PyObject *obj)
                                          loop->state->str_eof_received);
         if (eof == NULL)
             return -1;
-        int rc = tl_loop_call_soon(loop, eof, NULL, 0);
+        int rc = tl_loop_call_soon(loop, eof, NULL, 0, NULL);
         Py_DECREF(eof);
         if (rc < 0)
             return -1;
@@ -376,7 +376,7 @@ make_pipe_transport(PyObject *loopobj, PyObject *args, PyObject *kwds,
     TransportObject *tr = tl_tr_create(
         loop, readable ? st->ReadPipeTransportType : st->WritePipeTransportType,
         readable ? &read_pipe_ops : &write_pipe_ops, fd, pipe, 0, 0, 0,
-        protocol, waiter, xtra, NULL, NULL, 0);
+        protocol, waiter, xtra, NULL, NULL, 0, NULL);
     Py_DECREF(xtra);
     if (tr == NULL)
         return NULL;

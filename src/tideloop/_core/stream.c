@@ -535,6 +535,13 @@ get_eof_attr(TransportObject *self, void *Py_UNUSED(c))
     return PyBool_FromLong(self->eof);
 }
 
+/* 3.15's transport._context: the connection's Context, or None. */
+static PyObject *
+get_context_attr(TransportObject *self, void *Py_UNUSED(c))
+{
+    return Py_NewRef(self->context != NULL ? self->context : Py_None);
+}
+
 static PyObject *
 get_sendfile_compatible(TransportObject *self, void *Py_UNUSED(c))
 {
@@ -558,7 +565,8 @@ static const tl_transport_ops stream_ops = {
 TransportObject *
 tl_stream_new(LoopObject *loop, int fd, PyObject *sock, int family, int type,
               int proto, PyObject *protocol, PyObject *waiter, PyObject *extra,
-              PyObject *server, const struct sockaddr *peer, socklen_t peer_len)
+              PyObject *server, const struct sockaddr *peer, socklen_t peer_len,
+              PyObject *context)
 {
     /* TCP_NODELAY, as asyncio's _set_nodelay decides it. */
     if ((family == AF_INET || family == AF_INET6) && type == SOCK_STREAM &&
@@ -571,26 +579,31 @@ tl_stream_new(LoopObject *loop, int fd, PyObject *sock, int family, int type,
     }
     return tl_tr_create(loop, loop->state->SocketTransportType, &stream_ops,
                         fd, sock, family, type, proto, protocol, waiter, extra,
-                        server, peer, peer_len);
+                        server, peer, peer_len, context);
 }
 
 /* Loop._make_socket_transport(sock, protocol, waiter=None, *, extra=None,
- * server=None) */
+ * server=None, context=None); context (3.15+): the Context every protocol
+ * callback of the connection runs in. */
 static PyObject *
 loop_make_socket_transport(LoopObject *loop, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"sock", "protocol", "waiter", "extra", "server", NULL};
+    static char *kwlist[] = {"sock", "protocol", "waiter", "extra", "server",
+                             "context", NULL};
     PyObject *sock, *protocol, *waiter = Py_None, *extra = Py_None,
-             *server = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O$OO:_make_socket_transport",
+             *server = Py_None, *context = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O$OOO:_make_socket_transport",
                                      kwlist, &sock, &protocol, &waiter, &extra,
-                                     &server))
+                                     &server, &context))
+        return NULL;
+    if (tl_check_context_arg(context) < 0)
         return NULL;
     int fd, family, type, proto;
     if (tl_sock_info(loop->state, sock, &fd, &family, &type, &proto) < 0)
         return NULL;
     return (PyObject *)tl_stream_new(loop, fd, sock, family, type, proto,
-                                     protocol, waiter, extra, server, NULL, 0);
+                                     protocol, waiter, extra, server, NULL, 0,
+                                     context);
 }
 
 const PyMethodDef tl_stream_loop_methods[] = {
@@ -622,6 +635,7 @@ static PyGetSetDef stream_getset[] = {
     {"_read_ready_cb", (getter)get_read_ready_cb, NULL, NULL, NULL},
     {"_server", (getter)get_server_attr, NULL, NULL, NULL},
     {"_eof", (getter)get_eof_attr, NULL, NULL, NULL},
+    {"_context", (getter)get_context_attr, NULL, NULL, NULL},
     {"_sendfile_compatible", (getter)get_sendfile_compatible, NULL, NULL, NULL},
     {"_start_tls_compatible", (getter)get_start_tls_compatible, NULL, NULL,
      NULL},

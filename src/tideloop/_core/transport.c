@@ -87,7 +87,7 @@ tl_tr_watch(TransportObject *self, int which, int on)
         return tl_fd_remove(self->loop, self->fd, which, NULL);
     }
     tl_io_watcher *w = which == TL_POLL_READ ? &self->reader : &self->writer;
-    if (tl_fd_watch(self->loop, self->fd, which, w) < 0)
+    if (tl_fd_watch(self->loop, self->fd, which, w, self->context) < 0)
         return -1;
     self->watching |= which;
     return 0;
@@ -297,7 +297,7 @@ tl_tr_schedule_connection_lost(TransportObject *self, PyObject *exc)
     if (meth == NULL)
         return -1;
     PyObject *arg = exc ? exc : Py_None;
-    int rc = tl_loop_call_soon(self->loop, meth, &arg, 1);
+    int rc = tl_loop_call_soon(self->loop, meth, &arg, 1, self->context);
     Py_DECREF(meth);
     return rc;
 }
@@ -859,7 +859,8 @@ TransportObject *
 tl_tr_create(LoopObject *loop, PyTypeObject *tp, const tl_transport_ops *ops,
              int fd, PyObject *sock, int family, int type, int proto,
              PyObject *protocol, PyObject *waiter, PyObject *extra,
-             PyObject *server, const struct sockaddr *peer, socklen_t peer_len)
+             PyObject *server, const struct sockaddr *peer, socklen_t peer_len,
+             PyObject *context)
 {
     tl_state *st = loop->state;
     if (tl_check_closed(loop) < 0)
@@ -877,6 +878,8 @@ tl_tr_create(LoopObject *loop, PyTypeObject *tp, const tl_transport_ops *ops,
     self->type = type;
     self->proto = proto;
     self->sock = Py_XNewRef(sock);
+    if (context != NULL && context != Py_None)
+        self->context = Py_NewRef(context);
     self->high_water = 64 * 1024;
     self->low_water = 16 * 1024;
     self->reader = (tl_io_watcher){.fn = ops->read_ready, .name = "_read_ready",
@@ -926,20 +929,21 @@ tl_tr_create(LoopObject *loop, PyTypeObject *tp, const tl_transport_ops *ops,
     if (made == NULL)
         goto error;
     PyObject *arg = (PyObject *)self;
-    int rc = tl_loop_call_soon(loop, made, &arg, 1);
+    int rc = tl_loop_call_soon(loop, made, &arg, 1, self->context);
     Py_DECREF(made);
     if (rc < 0)
         goto error;
     PyObject *start = PyObject_GetAttr((PyObject *)self, st->str_start_reading);
     if (start == NULL)
         goto error;
-    rc = tl_loop_call_soon(loop, start, NULL, 0);
+    rc = tl_loop_call_soon(loop, start, NULL, 0, self->context);
     Py_DECREF(start);
     if (rc < 0)
         goto error;
     if (waiter != NULL && waiter != Py_None) {
         PyObject *wargs[2] = {waiter, Py_None};
-        if (tl_loop_call_soon(loop, st->set_result_unless_cancelled, wargs, 2) < 0)
+        if (tl_loop_call_soon(loop, st->set_result_unless_cancelled, wargs, 2,
+                              self->context) < 0)
             goto error;
     }
     return self;
@@ -964,6 +968,7 @@ tl_tr_traverse(TransportObject *self, visitproc visit, void *arg)
     Py_VISIT(self->head.extra);
     Py_VISIT(self->limits);
     Py_VISIT(self->server);
+    Py_VISIT(self->context);
     Py_VISIT(self->reader.context);
     Py_VISIT(self->writer.context);
     Py_VISIT(self->empty_waiter);
@@ -991,6 +996,7 @@ tl_tr_clear(TransportObject *self)
     Py_CLEAR(self->head.extra);
     Py_CLEAR(self->limits);
     Py_CLEAR(self->server);
+    Py_CLEAR(self->context);
     Py_CLEAR(self->reader.context);
     Py_CLEAR(self->writer.context);
     Py_CLEAR(self->empty_waiter);

@@ -135,6 +135,9 @@ struct TransportObject {
     int buffered;               /* a BufferedProtocol */
     int protocol_connected;
     PyObject *server;
+    PyObject *context;          /* 3.15+: the connection's Context, which
+                                   every protocol callback runs in; NULL: a
+                                   copy of the current one per callback */
     PyObject *empty_waiter;     /* sendfile: set when the queue drains */
     tl_io_watcher reader, writer;
     PyObject *sockname;         /* converted lazily from the raw addresses */
@@ -174,7 +177,8 @@ TransportObject *tl_tr_create(LoopObject *loop, PyTypeObject *tp,
                               PyObject *sock, int family, int type, int proto,
                               PyObject *protocol, PyObject *waiter,
                               PyObject *extra, PyObject *server,
-                              const struct sockaddr *peer, socklen_t peer_len);
+                              const struct sockaddr *peer, socklen_t peer_len,
+                              PyObject *context);
 
 int tl_tr_is_reading(TransportObject *self);
 void tl_tr_close_socket(TransportObject *self);
@@ -257,7 +261,8 @@ TransportObject *tl_stream_new(LoopObject *loop, int fd, PyObject *sock,
                                int family, int type, int proto,
                                PyObject *protocol, PyObject *waiter,
                                PyObject *extra, PyObject *server,
-                               const struct sockaddr *peer, socklen_t peer_len);
+                               const struct sockaddr *peer, socklen_t peer_len,
+                               PyObject *context);
 extern PyType_Spec tl_listener_spec;                  /* listener.c */
 extern const PyMethodDef tl_listener_loop_methods[];
 extern PyType_Spec tl_datagram_transport_spec;        /* dgram.c */
