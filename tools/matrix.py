@@ -21,6 +21,7 @@ Legs (the interpreters CI tests; README "Supported versions"):
            (tools/build_python.sh; cached under ~/.cache/cpython)
   3.14     Debian sid's python3.14 binaries in a private root
            (tools/python_from_debian.sh; cached under ~/.cache/cpython-debian)
+  3.15     Debian sid's python3.15 binaries, the same way
   3.13t    the newest 3.13, free-threaded build (--disable-gil); tideloop
            does not declare Py_mod_gil, so the interpreter enables the GIL
            when it loads tideloop._core (tested with PYTHON_GIL=1 so that
@@ -50,7 +51,7 @@ REPO = os.path.dirname(HERE)
 CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
                      "tideloop-matrix")
 
-LEGS = ["3.11", "3.12", "3.13.0", "3.13", "3.14", "3.13t"]
+LEGS = ["3.11", "3.12", "3.13.0", "3.13", "3.14", "3.15", "3.13t"]
 INSTALL_LOCK = threading.Lock()
 
 
@@ -93,8 +94,8 @@ def find_interpreter(leg, logdir):
     if leg == "3.13t":
         return last_line(["bash", os.path.join(HERE, "build_python.sh"), "3.13",
                           "--disable-gil"], blog)
-    if leg == "3.14":
-        return last_line(["bash", os.path.join(HERE, "python_from_debian.sh"), "3.14"], blog)
+    if leg in ("3.14", "3.15"):
+        return last_line(["bash", os.path.join(HERE, "python_from_debian.sh"), leg], blog)
     raise ValueError(leg)
 
 
