@@ -37,9 +37,13 @@ def build_parser():
         usage=f"{PROG} run [-h] (SCRIPT | -m MODULE) [ARGS ...]",
         help="run a Python script (or module) with tideloop as the asyncio loop",
         description="Run SCRIPT as __main__, like 'python SCRIPT ARGS...', with "
-                    "tideloop installed first (tideloop.install()), so that "
-                    "asyncio.run(), asyncio.new_event_loop() and asyncio.Runner "
-                    "use tideloop loops. Otherwise the program runs as under "
+                    "tideloop installed first, so that asyncio.run(), "
+                    "asyncio.new_event_loop() and asyncio.Runner use tideloop "
+                    "loops (a loop_factory the program passes still wins): "
+                    "through tideloop.install() where asyncio has event loop "
+                    "policies (Python 3.11 to 3.15); where it has none (3.16), "
+                    "by replacing asyncio.new_event_loop() in this process only. "
+                    "Otherwise the program runs as under "
                     "'python SCRIPT' / 'python -m MODULE': the same sys.argv, "
                     "__file__, sys.path[0] and __main__ module, the same "
                     "traceback for an uncaught exception (no frames of this "
@@ -96,7 +100,15 @@ def build_parser():
 
 def _install():
     import tideloop
-    tideloop.install()
+    from tideloop import _compat
+
+    if _compat.POLICY_API:
+        tideloop.install()
+    else:
+        # No policies (CPython 3.16): this process exists to run the program
+        # on tideloop, so here, and only here, asyncio's new_event_loop() is
+        # replaced (see the help text).
+        _compat.set_default_loop_factory(tideloop.new_event_loop)
 
 
 # --------------------------------------------------------------------------

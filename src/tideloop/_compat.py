@@ -405,35 +405,54 @@ _record("child_exit_published", "3.11-3.13: next iteration; 3.14: at once",
 
 def current_child_watcher():
     """The watcher an application installed on the policy, if any (3.11-3.13);
-    None where child watchers no longer exist."""
-    if not HAS_CHILD_WATCHERS:
+    None where child watchers or policies no longer exist."""
+    if not HAS_CHILD_WATCHERS or get_event_loop_policy is None:
         return None
     return getattr(get_event_loop_policy(), "_watcher", None)
 
 
 # -- policies ----------------------------------------------------------------
 
-# 3.14 deprecates the policy API: DefaultEventLoopPolicy warns when looked
-# up.  The Unix default policy class itself does not.
-_policy_base = _lookup("asyncio.unix_events._UnixDefaultEventLoopPolicy")
-if _policy_base is not None:
-    DefaultPolicyBase = _policy_base
-    _record("default_policy", "3.11-3.14", "stock",
-            "asyncio.unix_events._UnixDefaultEventLoopPolicy (no deprecation warning)")
+# 3.14 deprecates the policy API (the public names warn); CPython's main
+# branch (3.16) removes it.  Every name is looked up tolerantly: where asyncio
+# has no policies, import, run() and new_event_loop() do not need them,
+# install() says why it cannot work, and tideloop.EventLoopPolicy cannot be
+# made.  The Unix default policy class and the private getter/setter do not
+# warn; the public ones are the fallback before 3.14.
+DefaultPolicyBase = _lookup("asyncio.unix_events._UnixDefaultEventLoopPolicy")
+if DefaultPolicyBase is not None:
+    _branch = "stock"
 else:
-    DefaultPolicyBase = _lookup("asyncio.events._BaseDefaultEventLoopPolicy") or \
-        _lookup("asyncio.events.BaseDefaultEventLoopPolicy")
-    _record("default_policy", "3.11-3.14", "fallback",
-            "asyncio.events.(_)BaseDefaultEventLoopPolicy")
-POLICY_DEPRECATED = PY >= (3, 14)
-# 3.14: the public setter/getter warn; tideloop.install() keeps working
-# without a warning of its own through the private ones.
+    DefaultPolicyBase = (_lookup("asyncio.events._BaseDefaultEventLoopPolicy")
+                         or _lookup("asyncio.events.BaseDefaultEventLoopPolicy"))
+    _branch = "fallback" if DefaultPolicyBase is not None else "none"
+_record("default_policy", "3.11-3.15; removed in 3.16", _branch,
+        "asyncio.unix_events._UnixDefaultEventLoopPolicy (no deprecation warning), "
+        "else asyncio.events.(_)BaseDefaultEventLoopPolicy: tideloop.EventLoopPolicy's base")
 set_event_loop_policy = (_lookup("asyncio.events._set_event_loop_policy")
-                         or asyncio.set_event_loop_policy)
+                         or _lookup("asyncio.events.set_event_loop_policy"))
 get_event_loop_policy = (_lookup("asyncio.events._get_event_loop_policy")
-                         or asyncio.get_event_loop_policy)
+                         or _lookup("asyncio.events.get_event_loop_policy"))
+POLICY_API = (DefaultPolicyBase is not None and set_event_loop_policy is not None
+              and get_event_loop_policy is not None)
+_record("policy_api", "3.11-3.15; removed in 3.16", "stock" if POLICY_API else "absent",
+        "asyncio.events.(_)get_event_loop_policy/(_)set_event_loop_policy "
+        "(absent: tideloop.install() raises; python -m tideloop run uses "
+        "set_default_loop_factory)")
+POLICY_DEPRECATED = PY >= (3, 14)
 _record("policy_deprecated", "3.14+", "deprecated" if POLICY_DEPRECATED else "current",
         "asyncio.set_event_loop_policy and friends warn from 3.14")
+
+
+def set_default_loop_factory(factory):
+    """Where asyncio has no policies: make factory() the loop that
+    asyncio.new_event_loop() returns, which is what asyncio.run() and
+    asyncio.Runner() call when given no loop_factory.  It replaces asyncio's
+    function for the whole process, so only ``python -m tideloop run`` (whose
+    purpose is running a program on tideloop) calls it; the library never."""
+    _events.new_event_loop = factory     # asyncio.runners calls events.new_event_loop()
+    asyncio.new_event_loop = factory
+
 
 # -- Unix servers -------------------------------------------------------------
 

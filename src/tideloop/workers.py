@@ -61,8 +61,9 @@ def _aiohttp_worker():
 
         aiohttp's uvloop worker gets its loop by setting uvloop's policy
         before aiohttp's ``init_process`` makes one; asyncio deprecates
-        policies from 3.14, so this worker makes the loop itself, in
-        aiohttp's place, and leaves the process's policy alone."""
+        policies from 3.14 (and CPython 3.16 has none), so this worker makes
+        the loop itself, in aiohttp's place, and leaves the process's policy
+        alone."""
 
         def init_process(self):
             # What GunicornWebWorker.init_process does, with tideloop's loop

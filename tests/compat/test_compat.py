@@ -53,6 +53,7 @@ def expected_py_branches():
         "create_task_kwargs": create_task_kwargs,
         "child_watchers": "stock" if PY < (3, 14) else "none",
         "default_policy": "stock",
+        "policy_api": "stock",
         "policy_deprecated": "current" if PY < (3, 14) else "deprecated",
         "unix_server_cleanup": "none" if PY < (3, 13) else "cleanup_socket",
         "runpy_run_module_as_main": "stock",
