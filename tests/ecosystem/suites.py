@@ -96,7 +96,8 @@ SUITES = {s.name: s for s in [
     Suite("aiohttp", "3.14.5",
           ["pytest>=8.4", "pytest-mock", "pytest-timeout", "pytest-codspeed", "coverage", "trustme",
            "freezegun", "blockbuster", "proxy.py>=2.4.4rc5", "isal", "zlib_ng", "gunicorn",
-           "aiodns>=3.3.0", "Brotli>=1.2", "backports.zstd"],
+           "aiodns>=3.3.0", "Brotli>=1.2",
+           "backports.zstd; python_version < '3.14'"],
           # the modules that run clients and servers on the loop
           quick=[f"tests/test_{m}.py" for m in (
               "client_functional", "web_functional", "client_ws_functional",

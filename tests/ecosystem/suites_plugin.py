@@ -4,8 +4,8 @@ when TIDELOOP_SUITES_LOOP=tideloop, and changes nothing else.
 
 What it does on the tideloop side:
 
-* configure time: ``asyncio.set_event_loop_policy(tideloop.EventLoopPolicy())``,
-  so every ``asyncio.new_event_loop()`` / ``asyncio.run()`` / ``asyncio.Runner()``
+* configure time: ``tideloop.install()`` (tideloop's policy, set without
+  3.14+'s deprecation warning, which some suites make an error), so every ``asyncio.new_event_loop()`` / ``asyncio.run()`` / ``asyncio.Runner()``
   of the suite, its fixtures and the library under test makes a tideloop loop
   (asyncpg's test base ``asyncpg._testbase.TestCase`` and aiohttp's
   ``test_utils.loop_context`` build their loops that way);
@@ -75,7 +75,7 @@ def pytest_configure(config):
     if MODE == "tideloop":
         import tideloop     # an import error here fails the whole run, never skips
         _count_instances(tideloop.Loop, "tideloop")
-        asyncio.set_event_loop_policy(tideloop.EventLoopPolicy())
+        tideloop.install()
 
 
 # Helpers of a suite's own test package that name the stock loop class as

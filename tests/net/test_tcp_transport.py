@@ -248,6 +248,25 @@ def test_writelines_type_error_message(loop, kind, tmp_path):
     arun(loop, main())
 
 
+@pytest.mark.skipif(sys.version_info < (3, 15), reason="3.15+: _buffer_size")
+def test_buffer_size_attribute_is_the_write_buffer_size(loop, kind, tmp_path):
+    """3.15's socket transport keeps the queued byte count in _buffer_size."""
+    async def main():
+        srv, ctr, cpr, spr = await pair(
+            loop, kind, tmp_path,
+            server=lambda: Recorder(loop, on_made=lambda p: p.transport.pause_reading()))
+        assert ctr._buffer_size == 0
+        ctr.write(b"x" * (4 << 20))
+        assert ctr._buffer_size == ctr.get_write_buffer_size() > 0
+        spr.transport.resume_reading()
+        await spr.wait_bytes(4 << 20)
+        await wait_until(lambda: ctr.get_write_buffer_size() == 0)
+        assert ctr._buffer_size == 0
+        await finish(srv, ctr)
+
+    arun(loop, main())
+
+
 @pytest.mark.usefixtures("stock_keeps_views_xfail")
 def test_writelines_copies_mutable_buffers(loop, kind, tmp_path):
     size = 8 << 20

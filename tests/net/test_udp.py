@@ -906,6 +906,7 @@ def test_pause_writing_when_kernel_buffer_full(request, loop_name, loop, tmp_pat
             n += 1
             assert n < 100_000, "never paused"
         assert tr.get_write_buffer_size() > 8192
+        assert tr._buffer_size == tr.get_write_buffer_size()
         assert p.events == ["made", "pause"]
         # a bytearray queued and then changed: the queued copy is sent
         ba = bytearray(b"mutable-before")

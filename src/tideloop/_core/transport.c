@@ -847,6 +847,14 @@ tl_tr_get_paused_attr(TransportObject *self, void *Py_UNUSED(c))
     return PyBool_FromLong(self->paused);
 }
 
+/* asyncio's _buffer_size: the datagram transports' on every version, the
+ * socket transports' from 3.15 (get_write_buffer_size() in O(1)). */
+PyObject *
+tl_tr_get_buffer_size_attr(TransportObject *self, void *Py_UNUSED(c))
+{
+    return PyLong_FromSsize_t(self->buffer_size);
+}
+
 PyObject *
 tl_tr_get_protocol_paused(TransportObject *self, void *Py_UNUSED(c))
 {

@@ -87,7 +87,8 @@ typedef struct {
     {"_protocol", (getter)tl_tr_get_protocol, NULL, NULL, NULL}, \
     {"_protocol_paused", (getter)tl_tr_get_protocol_paused, NULL, NULL, NULL}
 #define TL_TR_SOCKET_GETSET \
-    {"_sock_fd", (getter)tl_tr_get_fd_attr, NULL, NULL, NULL}
+    {"_sock_fd", (getter)tl_tr_get_fd_attr, NULL, NULL, NULL}, \
+    {"_buffer_size", (getter)tl_tr_get_buffer_size_attr, NULL, NULL, NULL}
 
 /* The transport types share their GC plumbing; each brings its repr,
  * methods, attributes and doc. */
@@ -244,6 +245,7 @@ PyObject *tl_tr_get_conn_lost(TransportObject *self, void *Py_UNUSED(c));
 PyObject *tl_tr_get_closing_attr(TransportObject *self, void *Py_UNUSED(c));
 PyObject *tl_tr_get_paused_attr(TransportObject *self, void *Py_UNUSED(c));
 PyObject *tl_tr_get_protocol_paused(TransportObject *self, void *Py_UNUSED(c));
+PyObject *tl_tr_get_buffer_size_attr(TransportObject *self, void *Py_UNUSED(c));
 int tl_tr_traverse(TransportObject *self, visitproc visit, void *arg);
 int tl_tr_clear(TransportObject *self);
 void tl_tr_finalize(TransportObject *self);
