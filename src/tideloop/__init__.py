@@ -452,10 +452,7 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         if path is not None:
             prev_ino = cleanup.pop(sock)
             try:
-                if os.stat(path).st_ino == prev_ino:
-                    os.unlink(path)
-            except FileNotFoundError:
-                pass
+                self._unlink_unix_socket(path, prev_ino)
             except OSError as err:
                 _logger.error("Unable to clean up listening UNIX socket "
                               "%r: %r", path, err)

