@@ -31,6 +31,8 @@ def expected_c_branches():
         "bytes_resize": "private",
         "raised_exception": "fallback" if PY < (3, 12) else "public",
         "context_layout": "private-checked",
+        "ssl_eof_flag": ("none" if PY < (3, 14) else
+                         "private-proven-3.14" if PY < (3, 15) else "private-proven-3.15"),
         "free_threading": "gil-enabled-on-import" if FREE_THREADED else "gil-build",
     }
 

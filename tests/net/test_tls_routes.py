@@ -31,3 +31,18 @@ def test_tls_route_api():
     finally:
         _core.set_tls_route(start)
     assert _core.tls_route() == start
+
+
+def test_openssl_route_proven_on_every_tested_interpreter():
+    """The openssl route is the fast one; where its import-time proof fails
+    every TLS test of that route skips, so a proof broken by a new _ssl
+    layout (3.15 moved the SSLEOFError flag) must fail here instead.  The
+    matrix's interpreters all link OpenSSL 3.x."""
+    import ssl
+
+    from tideloop import _core, _tls
+
+    if ssl.OPENSSL_VERSION_INFO < (3, 0):
+        pytest.skip("the openssl route needs OpenSSL 3.0+")
+    assert _tls.TLS_ROUTE_PROOF is None
+    assert _core.tls_routes[0] == "openssl"

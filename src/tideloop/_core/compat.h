@@ -162,6 +162,24 @@ tl_err_set_raised(PyObject *exc)
 #  define TL_HAVE_CONTEXT_LAYOUT 0
 #endif
 
+/* -- _ssl's PySSLSocket: the int set once an SSLEOFError was raised, after
+ * which read() and write() raise it again without calling OpenSSL
+ * (Modules/_ssl.c).  3.14: after `err` and `exc` (8 pointer-sized words
+ * past the object header); 3.15 dropped both of those fields (6 words).
+ * 3.11-3.13 have no such flag (0: not used).  tideloop._tls proves the
+ * flag at import (it must go from 0 to 1 with such an error) before the
+ * openssl route may use it. */
+#if PY_VERSION_HEX >= 0x030F0000 && PY_VERSION_HEX < 0x03100000
+#  define TL_COMPAT_SSL_EOF_FLAG "private-proven-3.15"
+#  define TL_SSLSOCKET_EOF_OFFSET (sizeof(PyObject) + 6 * sizeof(void *))
+#elif PY_VERSION_HEX >= 0x030E0000 && PY_VERSION_HEX < 0x030F0000
+#  define TL_COMPAT_SSL_EOF_FLAG "private-proven-3.14"
+#  define TL_SSLSOCKET_EOF_OFFSET (sizeof(PyObject) + 8 * sizeof(void *))
+#else
+#  define TL_COMPAT_SSL_EOF_FLAG "none"
+#  define TL_SSLSOCKET_EOF_OFFSET 0
+#endif
+
 /* -- Free-threaded builds --
  * The core is not thread-safe without the GIL: it does not declare
  * Py_mod_gil, so a free-threaded interpreter enables the GIL when it loads
@@ -180,6 +198,7 @@ tl_err_set_raised(PyObject *exc)
     X("bytes_resize", TL_COMPAT_BYTES_RESIZE)                  \
     X("raised_exception", TL_COMPAT_RAISED_EXCEPTION)          \
     X("context_layout", TL_COMPAT_CONTEXT_LAYOUT)              \
+    X("ssl_eof_flag", TL_COMPAT_SSL_EOF_FLAG)                  \
     X("free_threading", TL_COMPAT_FREE_THREADING)
 
 #endif

@@ -53,10 +53,9 @@
 #define TL_MEMBIO_BIO_OFFSET (sizeof(PyObject))
 #define TL_MEMBIO_EOF_OFFSET (sizeof(PyObject) + sizeof(void *))
 #define TL_SSLCTX_CTX_OFFSET (sizeof(PyObject))
-/* 3.14's PySSLSocket adds an int after `exc`: set once an SSLEOFError was
- * raised, after which read() and write() raise it again without calling
- * OpenSSL.  Used only where the proof saw it behave so (ssl_line_eof). */
-#define TL_SSLSOCKET_EOF_OFFSET (sizeof(PyObject) + 8 * sizeof(void *))
+/* 3.14+'s PySSLSocket keeps an "SSLEOFError raised" int at
+ * TL_SSLSOCKET_EOF_OFFSET (compat.h).  Used only where the proof saw it
+ * behave so (ssl_line_eof). */
 
 static inline void *
 field_ptr(PyObject *obj, size_t offset)
@@ -1495,7 +1494,8 @@ tls_eof_flag(PyObject *module, PyObject *sock)
         PyErr_SetString(PyExc_TypeError, "_tls_eof_flag: an _ssl._SSLSocket is needed");
         return NULL;
     }
-    if (Py_TYPE(sock)->tp_basicsize < (Py_ssize_t)(TL_SSLSOCKET_EOF_OFFSET + sizeof(int)))
+    if (TL_SSLSOCKET_EOF_OFFSET == 0
+        || Py_TYPE(sock)->tp_basicsize < (Py_ssize_t)(TL_SSLSOCKET_EOF_OFFSET + sizeof(int)))
         Py_RETURN_NONE;
     int flag;
     memcpy(&flag, (char *)sock + TL_SSLSOCKET_EOF_OFFSET, sizeof(flag));
