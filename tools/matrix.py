@@ -27,6 +27,7 @@ Legs (the interpreters CI tests; README "Supported versions"):
            when it loads tideloop._core (tested with PYTHON_GIL=1 so that
            -W error does not trip on the interpreter's own warning about it)
 
+Each leg's suite runs in ``--test-workers`` pytest-xdist workers (default 2).
 ``--dev-mode LEG`` runs that leg's suite under ``-X dev`` with
 ``PYTHONMALLOC=debug`` (children inherit the debug allocator).  Legs run
 ``--jobs`` at a time (default 1); their logs go to ``--logdir``.
@@ -189,6 +190,8 @@ def leg_steps(leg, args, py, env, venv, logf):
             test_env["PYTHONMALLOC"] = "debug"
         cmd += ["-m", "pytest", "tests", "-q", "-p", "no:cacheprovider",
                 "--ignore=tests/tooling/test_packaging.py"]
+        if args.test_workers > 1:
+            cmd += ["-n", str(args.test_workers)]
         ok_tests = step("suite" + (" (-X dev, debug allocator)" if leg == args.dev_mode else ""),
                         cmd, env=test_env)
         res["pytest"] = pytest_counts(logf)
@@ -270,6 +273,9 @@ def main(argv=None):
                          "(default: every leg)")
     ap.add_argument("--conformance-jobs", type=int, default=1, metavar="N",
                     help="tests/conformance/run.py --jobs (default %(default)s)")
+    ap.add_argument("--test-workers", type=int, default=2, metavar="N",
+                    help="pytest-xdist workers for each leg's suite (1: no xdist; "
+                         "default %(default)s: the suite mostly waits on timers and children)")
     ap.add_argument("--report", metavar="JSON",
                     help="print the markdown table of a --json file and exit "
                          "(status 1 unless every leg passed)")
