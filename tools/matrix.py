@@ -235,6 +235,30 @@ def summarize_conformance(data):
             "modules": len(data.get("modules", {}))}
 
 
+def recorded_leg(leg, pytest_log, conformance_json, seconds):
+    """A leg that ran outside the matrix (CI's 3.11 stage: the README's test
+    command, on the interpreter running this script), as a result record."""
+    ft = not getattr(sys, "_is_gil_enabled", lambda: True)()
+    res = {"leg": leg, "python": sys.version.split()[0] + ("t" if ft else ""),
+           "executable": sys.executable, "steps": {}, "recorded": True,
+           "pytest": pytest_counts(pytest_log), "seconds": seconds}
+    ok = bool(res["pytest"].get("passed")) and not any(
+        res["pytest"].get(k) for k in ("failed", "error", "errors"))
+    res["steps"]["suite"] = {"rc": 0 if ok else 1}
+    if conformance_json:
+        try:
+            with open(conformance_json) as f:
+                res["conformance"] = summarize_conformance(json.load(f))
+        except (OSError, ValueError):
+            res["conformance"] = None
+        c = res["conformance"] or {}
+        conf_ok = c.get("regressions") == 0 and bool(c.get("modules"))
+        res["steps"]["conformance"] = {"rc": 0 if conf_ok else 1}
+        ok = ok and conf_ok
+    res["ok"] = ok
+    return res
+
+
 def markdown_report(results):
     """The README's "Supported versions" table, from a --json file."""
     lines = ["| leg | interpreter | build, import -W error | behavioural suite "
@@ -246,8 +270,8 @@ def markdown_report(results):
         c = r.get("conformance") or {}
         tot = c.get("totals") or {}
         steps = r.get("steps", {})
-        built = all(steps.get(k, {}).get("rc") == 0
-                    for k in ("venv", "install", "import -W error"))
+        built = r.get("recorded") or all(steps.get(k, {}).get("rc") == 0
+                                         for k in ("venv", "install", "import -W error"))
         suite = "{} / {} / {} / {}".format(
             pc.get("passed", 0), pc.get("failed", 0) + pc.get("error", 0) + pc.get("errors", 0),
             pc.get("skipped", 0), pc.get("xfailed", 0))
@@ -276,6 +300,15 @@ def main(argv=None):
     ap.add_argument("--test-workers", type=int, default=2, metavar="N",
                     help="pytest-xdist workers for each leg's suite (1: no xdist; "
                          "default %(default)s: the suite mostly waits on timers and children)")
+    ap.add_argument("--include", metavar="JSON", action="append", default=[],
+                    help="results of legs run elsewhere (--record-leg), put first in --json")
+    ap.add_argument("--record-leg", metavar="LEG",
+                    help="write (--json) the record of LEG run outside the matrix on this "
+                         "interpreter, from --pytest-log and --conformance-json, and exit "
+                         "(status 1 unless it passed)")
+    ap.add_argument("--pytest-log", metavar="LOG")
+    ap.add_argument("--conformance-json", metavar="JSON")
+    ap.add_argument("--seconds", type=float, default=0.0)
     ap.add_argument("--report", metavar="JSON",
                     help="print the markdown table of a --json file and exit "
                          "(status 1 unless every leg passed)")
@@ -285,6 +318,18 @@ def main(argv=None):
             results = json.load(f)
         print(markdown_report(results))
         return 0 if results and all(r["ok"] for r in results) else 1
+    if args.record_leg:
+        if not (args.pytest_log and args.json):
+            ap.error("--record-leg needs --pytest-log and --json")
+        rec = recorded_leg(args.record_leg, args.pytest_log, args.conformance_json,
+                           args.seconds)
+        with open(args.json, "w") as f:
+            json.dump([rec], f, indent=1)
+        return 0 if rec["ok"] else 1
+    included = []
+    for path in args.include:
+        with open(path) as f:
+            included += json.load(f)
     legs = [x.strip() for x in args.only.split(",") if x.strip()]
     for leg in legs:
         if leg not in LEGS:
@@ -308,7 +353,7 @@ def main(argv=None):
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as ex:
         futures = {leg: ex.submit(run_leg, leg, args)
                    for leg in sorted(legs, key=weight, reverse=True)}
-        results = [futures[leg].result() for leg in legs]
+        results = included + [futures[leg].result() for leg in legs]
     print()
     print(f"{'leg':<7} {'python':<10} {'result':<7} {'suite p/f/s':<16} "
           f"{'conformance stock/tideloop passed':<34} {'regr':<5} {'min':>5}")

@@ -1,0 +1,45 @@
+"""tools/matrix.py --record-leg: CI's 3.11 stage becomes a row of the version
+table from its pytest log and conformance report, and only a clean run
+counts as passed."""
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def record(tmp_path, summary, conformance=None):
+    log = tmp_path / "pytest.log"
+    log.write_text("....\n" + summary + "\n")
+    cmd = [sys.executable, os.path.join(REPO, "tools", "matrix.py"), "--record-leg", "3.11",
+           "--pytest-log", str(log), "--json", str(tmp_path / "out.json")]
+    if conformance is not None:
+        (tmp_path / "conf.json").write_text(json.dumps(conformance))
+        cmd += ["--conformance-json", str(tmp_path / "conf.json")]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    return p.returncode, json.loads((tmp_path / "out.json").read_text())[0]
+
+
+def conformance(regressions):
+    counts = {"passed": 10, "failed": 0}
+    return {"modules": {"test_events": {"stock": {"counts": counts},
+                                        "tideloop": {"counts": counts},
+                                        "regressions": regressions}}}
+
+
+def test_a_clean_run_is_a_passing_row(tmp_path):
+    rc, rec = record(tmp_path, "2276 passed, 61 skipped, 4 xfailed in 584.61s (0:09:44)",
+                     conformance([]))
+    assert rc == 0 and rec["ok"]
+    assert rec["pytest"] == {"passed": 2276, "skipped": 61, "xfailed": 4}
+    assert rec["conformance"]["totals"]["tideloop"]["passed"] == 10
+    assert rec["python"] == sys.version.split()[0] + ("t" if not getattr(
+        sys, "_is_gil_enabled", lambda: True)() else "")
+
+
+def test_a_failed_test_or_a_regression_fails_the_row(tmp_path):
+    rc, rec = record(tmp_path, "1 failed, 2276 passed in 584.61s (0:09:44)")
+    assert rc == 1 and not rec["ok"]
+    rc, rec = record(tmp_path, "2276 passed in 584.61s (0:09:44)", conformance(["test_x"]))
+    assert rc == 1 and not rec["ok"]
