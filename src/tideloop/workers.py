@@ -118,13 +118,20 @@ def _twin(listener, cfg):
 
 
 class _Slots:
-    """The arbiter's slots (state of the arbiter process; see above)."""
+    """The arbiter's slots (state of the arbiter process; see above).
+
+    gunicorn 23 reaps its workers, and so calls child_exit, from its
+    SIGCHLD handler, which may run in the middle of a pre_fork: a call that
+    comes while another one runs is deferred to the end of that one."""
 
     def __init__(self):
         self.listeners = None   # the arbiter's listeners the slots are made for
         self.balanced = []      # indexes of those that get twins
         self.slots = []
         self.retired = []       # slots made for earlier listeners (a reload changed the address)
+        self.forking = None     # the worker last given a slot, until it is in WORKERS
+        self.busy = False
+        self.deferred = None    # the arbiter, when an exit came while busy
 
     def _same_listeners(self, arbiter):
         return (self.listeners is not None and len(self.listeners) == len(arbiter.LISTENERS)
@@ -161,17 +168,45 @@ class _Slots:
         self.slots.append(slot)
         return slot
 
-    @staticmethod
-    def _occupancy(arbiter):
+    def _occupancy(self, arbiter):
         count = {}
-        for w in list(arbiter.WORKERS.values()):
+        workers = list(arbiter.WORKERS.values())
+        if self.forking is not None:
+            # Until the fork returns in the arbiter, the worker is in no list
+            # (gunicorn sets its pid, then lists it); once forked, WORKERS
+            # says whether it is alive.
+            if isinstance(getattr(self.forking, "pid", None), int):
+                self.forking = None
+            else:
+                workers.append(self.forking)
+        for w in workers:
             slot = getattr(w, "_tideloop_slot", None)
             if slot is not None:
                 count[slot] = count.get(slot, 0) + 1
         return count
 
+    def _exclusive(self, arbiter, work, *args):
+        if self.busy:
+            self.deferred = arbiter
+            return
+        self.busy = True
+        try:
+            work(arbiter, *args)
+            while self.deferred is not None:
+                self.deferred = None
+                self._exited(arbiter)
+        finally:
+            self.busy = False
+
     def assign(self, arbiter, worker):
         """pre_fork: the slot of the worker about to be forked."""
+        self._exclusive(arbiter, self._assign, worker)
+
+    def exited(self, arbiter):
+        """child_exit: close the slots that no worker will accept on again."""
+        self._exclusive(arbiter, self._exited)
+
+    def _assign(self, arbiter, worker):
         self._refresh(arbiter)
         if not self.slots:
             return
@@ -187,9 +222,9 @@ class _Slots:
             slot = min(self.slots, key=lambda s: live.get(s, 0))
         worker._tideloop_slot = slot
         worker.sockets = list(slot.sockets)
+        self.forking = worker
 
-    def exited(self, arbiter):
-        """child_exit: close the slots that no worker will accept on again."""
+    def _exited(self, arbiter):
         self._refresh(arbiter)
         live = self._occupancy(arbiter)
         for slot in list(self.retired):
@@ -256,12 +291,20 @@ def _wrap_hook(cfg, name, ours, first):
     setting.value = hook
 
 
+def _workers_bind(cfg):
+    """Whether gunicorn binds a socket in each worker after fork (its
+    reuse_port from gunicorn 24)."""
+    import gunicorn
+    return bool(getattr(cfg, "reuse_port", False)) and gunicorn.version_info >= (24,)
+
+
 def _pre_fork(arbiter, worker):
     if not isinstance(worker, _OwnSocket):
         return
-    if getattr(arbiter.cfg, "reuse_port", False) and not arbiter.LISTENERS:
-        # gunicorn 24+'s reuse_port (turned on by a reload's config): the
-        # worker would bind a socket of its own after fork, beside the slots.
+    if _workers_bind(arbiter.cfg):
+        # Turned on by a reload's config (check_config refuses it at start):
+        # the worker would bind a socket of its own after fork, beside the
+        # slots, and nobody would accept on its slot's.
         arbiter.log.warning("tideloop.workers: reuse_port is ignored: the workers "
                             "get SO_REUSEPORT sockets of their own from the arbiter")
         arbiter.cfg.set("reuse_port", False)
@@ -286,8 +329,7 @@ class _OwnSocket:
 
     @classmethod
     def check_config(cls, cfg, log):
-        import gunicorn
-        if cfg.reuse_port and gunicorn.version_info >= (24,):
+        if _workers_bind(cfg):
             # Then the arbiter bound nothing: gunicorn leaves it to each
             # worker after fork, and a worker's socket closes with it,
             # resetting the connections in its queue.

@@ -343,3 +343,89 @@ def test_reload_with_fewer_workers_closes_the_surplus_socket(tmp_path):
         assert "tideloop.workers: fewer workers: a worker socket closes" in srv.log()
         assert set(pids_answering(srv.port, 10)) == set(one)
         assert srv.stop() == 0
+
+
+# -- the arbiter's bookkeeping, without processes -----------------------------------
+
+class FakeWorker:
+    pass
+
+
+class FakeArbiter:
+    """What _Slots reads of gunicorn's Arbiter: LISTENERS, WORKERS,
+    num_workers, cfg, log."""
+
+    def __init__(self, workers=2):
+        import logging
+
+        from gunicorn import sock
+        from gunicorn.config import Config
+        self.cfg = Config()
+        self.cfg.set("bind", [f"127.0.0.1:{free_port()}"])
+        self.log = logging.getLogger("test.arbiter")
+        self.LISTENERS = sock.create_sockets(self.cfg, self.log)
+        self.WORKERS = {}
+        self.num_workers = workers
+        self.next_pid = 1
+
+    def spawn(self, slots):
+        w = FakeWorker()
+        w.pid = "[booting]"
+        slots.assign(self, w)
+        w.pid = self.next_pid          # as gunicorn's spawn_worker does after fork
+        self.WORKERS[self.next_pid] = w
+        self.next_pid += 1
+        return w
+
+    def reap(self, slots, w):
+        pid = next(p for p, x in self.WORKERS.items() if x is w)
+        del self.WORKERS[pid]
+        slots.exited(self)
+
+    def close(self, slots):
+        for s in slots.slots + slots.retired:
+            s.close()
+        for lnr in self.LISTENERS:
+            lnr.close()
+
+
+def test_slots_bookkeeping():
+    needs("gunicorn", "uvicorn_worker")
+    from tideloop.workers import _Slots
+    slots, arbiter = _Slots(), FakeArbiter(workers=2)
+    try:
+        a, b = arbiter.spawn(slots), arbiter.spawn(slots)
+        assert a.sockets == arbiter.LISTENERS                  # slot 0: gunicorn's own
+        assert b.sockets != a.sockets and len(slots.slots) == 2
+        port = arbiter.LISTENERS[0].getsockname()
+        assert b.sockets[0].getsockname() == port
+        assert not b.sockets[0].get_inheritable()              # not across a USR2 re-exec
+
+        # a restart: the replacement gets the dead worker's slot (b dies
+        # before anything else happened in the arbiter)
+        arbiter.reap(slots, b)
+        assert len(slots.slots) == 2                           # the socket stays open
+        b2 = arbiter.spawn(slots)
+        assert b2.sockets == b.sockets
+
+        # a reload: new workers beside the old ones, one per slot
+        c, d = arbiter.spawn(slots), arbiter.spawn(slots)
+        assert {id(c.sockets[0]), id(d.sockets[0])} == {id(a.sockets[0]), id(b.sockets[0])}
+        for w in (a, b2):
+            arbiter.reap(slots, w)
+        assert len(slots.slots) == 2
+
+        # an exit while a pre_fork runs (gunicorn 23 reaps from its SIGCHLD
+        # handler) waits for the end of the pre_fork
+        arbiter.num_workers = 1
+        slots.busy = True
+        arbiter.reap(slots, d)
+        assert slots.deferred is arbiter and len(slots.slots) == 2
+        slots.busy = False
+        assert c.sockets == arbiter.LISTENERS and d.sockets != c.sockets
+        slots.exited(arbiter)           # the next call runs the deferred one too
+        assert slots.deferred is None
+        assert len(slots.slots) == 1                           # d's socket closed
+        assert d.sockets[0].sock is None
+    finally:
+        arbiter.close(slots)
