@@ -23,7 +23,8 @@ thread.  Modes:
 The spread is max/min requests per worker (1.0 = even).  Variants: the
 baseline, uvicorn-worker's own UvicornWorker (uvloop and httptools where
 installed: "auto"), on the socket the workers share, and with gunicorn's
---reuse-port (gunicorn 24+: a socket bound in each worker); tideloop's worker
+--reuse-port (gunicorn 24+: a socket bound in each worker), and on asyncio's
+own loop (shared socket); tideloop's worker
 classes before (the shared socket: the classes as they were, in
 worker_spread_app.py) and after (tideloop.workers: a socket per worker
 slot, kept by the arbiter); and the trap (a socket per worker while the
@@ -55,16 +56,16 @@ VARIANTS = {
     "uvicorn-worker": ("uvicorn_worker.UvicornWorker", ASGI, [], "baseline"),
     "uvicorn-worker+reuse-port": ("uvicorn_worker.UvicornWorker", ASGI, ["--reuse-port"],
                                     "baseline"),
-    "tideloop-uvicorn-shared": ("worker_spread_app.SharedUvicornWorker", ASGI, [],
-                                        "before"),
+    "asyncio-uvicorn-shared": ("worker_spread_app.AsyncioUvicornWorker", ASGI, [], "baseline"),
+    "tideloop-uvicorn-shared": ("worker_spread_app.SharedUvicornWorker", ASGI, [], "before"),
     "tideloop.workers.UvicornWorker": ("tideloop.workers.UvicornWorker", ASGI, [], "after"),
-    "tideloop-aiohttp-shared": ("worker_spread_app.SharedAiohttpWorker", AIOHTTP, [],
-                                        "before"),
+    "tideloop-aiohttp-shared": ("worker_spread_app.SharedAiohttpWorker", AIOHTTP, [], "before"),
     "tideloop.workers.AiohttpWorker": ("tideloop.workers.AiohttpWorker", AIOHTTP, [], "after"),
     "stray-arbiter-socket": ("worker_spread_app.StrayArbiterSocketWorker", ASGI, [], "trap"),
 }
-RESTART_VARIANTS = ("uvicorn-worker", "uvicorn-worker+reuse-port",
-                    "tideloop.workers.UvicornWorker", "tideloop.workers.AiohttpWorker")
+RESTART_VARIANTS = ("uvicorn-worker", "uvicorn-worker+reuse-port", "asyncio-uvicorn-shared",
+                    "tideloop-uvicorn-shared", "tideloop.workers.UvicornWorker",
+                    "tideloop-aiohttp-shared", "tideloop.workers.AiohttpWorker")
 MODES = ("keepalive", "close", "maxreq", "hup")
 WORKERS = 2
 IO_WAIT = 0.05          # keepalive mode: each request waits 50 ms in its handler
@@ -221,7 +222,9 @@ def summarise(rows):
         rs = [r for r in rows if r["variant"] == variant and r["mode"] == mode]
         s = {"variant": variant, "mode": mode, "side": VARIANTS[variant][3], "rounds": len(rs),
              "rps_median": statistics.median(r["rps"] for r in rs),
-             "errors_total": sum(r["errors_total"] for r in rs)}
+             "errors_total": sum(r["errors_total"] for r in rs),
+             "p99_ms_median": statistics.median(r["latency_us"]["p99"] for r in rs) / 1000,
+             "max_ms": max(r["latency_us"]["max"] for r in rs) / 1000}
         if mode in ("keepalive", "close"):
             ratios = [r["max_min"] for r in rs]
             finite = [x for x in ratios if x is not None]
@@ -294,16 +297,17 @@ def main(argv=None):
     summary = summarise(rows)
     print()
     print(f"| variant | mode | max/min per worker (median of {args.rounds}) | top worker's share "
-          f"| req/s | wrk errors |")
-    print("|:---|:---|---:|---:|---:|---:|")
+          f"| req/s | wrk errors | p99 / max latency ms |")
+    print("|:---|:---|---:|---:|---:|---:|---:|")
     for s in summary:
         if "max_min" in s:
             print(f"| {s['variant']} | {s['mode']} | {fmt(s['max_min_median'])} "
                   f"({', '.join(fmt(x) for x in s['max_min'])}) | "
-                  f"{s['top_share_median']:.0%} | {s['rps_median']:.0f} | {s['errors_total']} |")
+                  f"{s['top_share_median']:.0%} | {s['rps_median']:.0f} | {s['errors_total']} "
+                  f"| {s['p99_ms_median']:.0f} / {s['max_ms']:.0f} |")
         else:
             print(f"| {s['variant']} | {s['mode']} | - | - | {s['rps_median']:.0f} "
-                  f"| {s['errors_total']} |")
+                  f"| {s['errors_total']} | {s['p99_ms_median']:.0f} / {s['max_ms']:.0f} |")
     reproduce = ("python bench/worker_spread.py" + (" --quick" if args.quick else
                  f" --rounds {args.rounds} --seconds {args.seconds:g}")
                  + (f" --connections {args.connections}" if args.connections != 256 else "")

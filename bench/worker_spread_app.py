@@ -100,6 +100,11 @@ if _UvicornBase is not None:
         arbiter's socket shared by every worker."""
         CONFIG_KWARGS = {**_UvicornBase.CONFIG_KWARGS, "loop": "tideloop:new_event_loop"}
 
+    class AsyncioUvicornWorker(_UvicornBase):
+        """uvicorn-worker's UvicornWorker on asyncio's own loop (its "auto"
+        takes uvloop where it is installed)."""
+        CONFIG_KWARGS = {**_UvicornBase.CONFIG_KWARGS, "loop": "asyncio"}
+
     class StrayArbiterSocketWorker(SharedUvicornWorker):
         """The trap: each worker binds a SO_REUSEPORT socket of its own after
         fork (as gunicorn 24+'s reuse_port does), while the arbiter's socket

@@ -61,7 +61,8 @@ aiohttp::
 
 On a GIL build the threads share one core's worth of Python, so this pays
 only where the loops wait more than they compute; on a free-threaded build
-(3.13t+) they run in parallel.  Worker processes (gunicorn with
+(3.13t+) they run in parallel: tideloop's core runs there without the GIL.
+Worker processes (gunicorn with
 ``tideloop.workers``) use every core on any build.
 """
 
@@ -223,7 +224,7 @@ def run(main, *args, threads=None, loop_factory=None, shutdown_timeout=30.0):
     the previous handlers back after).
 
     Returns the list of what each thread's main() returned, in thread order
-    (None for a thread that was stopped).  Raises what a thread's main()
+    (None for a thread whose main() ended by the cancellation).  Raises what a thread's main()
     raised (an ExceptionGroup if several did), or TimeoutError when threads
     were still running after their loops were stopped by force; see the
     module's docstring for stopping and errors."""
