@@ -307,8 +307,9 @@ is_task(tl_state *st, PyObject *obj)
 /* The Task whose step or wakeup `callback` is (a new reference), or NULL
  * without an exception. */
 PyObject *
-tl_task_of_step(tl_state *st, PyObject *callback)
+tl_task_of_step(LoopObject *loop, PyObject *callback)
 {
+    tl_state *st = loop->state;
     PyObject *self = NULL;
     if (callback == NULL || PyFunction_Check(callback))
         return NULL;
@@ -326,9 +327,9 @@ tl_task_of_step(tl_state *st, PyObject *callback)
         return NULL;
     /* The last type that was no Task: a batch of one kind of callback
      * (say bound methods of one object) is told apart in a compare. */
-    if ((PyObject *)Py_TYPE(self) == st->diag_not_task_type || !is_task(st, self)) {
-        if ((PyObject *)Py_TYPE(self) != st->diag_not_task_type)
-            Py_XSETREF(st->diag_not_task_type, Py_NewRef((PyObject *)Py_TYPE(self)));
+    if ((PyObject *)Py_TYPE(self) == loop->not_task_type || !is_task(st, self)) {
+        if ((PyObject *)Py_TYPE(self) != loop->not_task_type)
+            Py_XSETREF(loop->not_task_type, Py_NewRef((PyObject *)Py_TYPE(self)));
         Py_CLEAR(self);
     }
     return self;
