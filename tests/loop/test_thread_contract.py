@@ -212,3 +212,85 @@ def test_loops_in_threads_each_on_its_own(raw_loop_factory):
         lp.close()
     assert results == {i: "ok" for i in range(n)}
     assert counts == [200 * (n - 1)] * n
+
+
+# What CPython 3.14's test_asyncio.test_free_threading checks of a loop
+# (3.13's test suite has no such module), on the default Task and Future.
+
+def test_tasks_of_ten_loops_at_once(raw_loop_factory):
+    errors = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        async def coro():
+            await future
+
+        async with asyncio.TaskGroup() as tg:
+            tasks = {tg.create_task(coro()) for _ in range(100)}
+            all_tasks = asyncio.all_tasks(loop)
+            assert all_tasks == tasks | {asyncio.current_task()}
+            assert all(t.get_loop() is loop and not t.done() for t in tasks)
+            future.set_result(None)
+
+    def runner():
+        try:
+            with asyncio.Runner(loop_factory=raw_loop_factory) as r:
+                r.run(main())
+        except BaseException as exc:   # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=runner) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+
+
+def test_task_of_another_thread_finalized_here(raw_loop_factory):
+    import gc
+    import weakref
+    box = {}
+
+    async def func():
+        box["task"] = asyncio.current_task()
+
+    def runner():
+        with asyncio.Runner(loop_factory=raw_loop_factory) as r:
+            r.run(func())
+
+    t = threading.Thread(target=runner)
+    t.start()
+    t.join(30)
+    wr = weakref.ref(box.pop("task"))
+    gc.collect()
+    assert wr() is None
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["result", "exception"])
+def test_run_coroutine_threadsafe_from_ten_threads(raw_loop_factory, fails):
+    class Boom(Exception):
+        pass
+
+    async def coro():
+        await asyncio.sleep(0.01)
+        if fails:
+            raise Boom("test")
+        return 42
+
+    def in_thread(loop):
+        return asyncio.run_coroutine_threadsafe(coro(), loop).result(timeout=30)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        jobs = [asyncio.to_thread(in_thread, loop) for _ in range(10)]
+        return await asyncio.gather(*jobs, return_exceptions=True)
+
+    with asyncio.Runner(loop_factory=raw_loop_factory) as r:
+        results = r.run(main())
+    if fails:
+        assert [(type(x).__name__, str(x)) for x in results] == [("Boom", "test")] * 10
+    else:
+        assert results == [42] * 10

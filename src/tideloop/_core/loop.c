@@ -182,8 +182,7 @@ static int
 inbox_drain(LoopObject *self)
 {
     PyMutex_Lock(&self->inbox_lock);
-    tl_ready_queue q = self->inbox;
-    self->inbox = (tl_ready_queue){0};
+    tl_ready_queue q = tl_ready_take(&self->inbox);
     PyMutex_Unlock(&self->inbox_lock);
     int rc = 0;
     while (q.len) {
@@ -1179,8 +1178,7 @@ loop_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
 #if TL_FREE_THREADED
     PyMutex_Lock(&self->inbox_lock);
     TL_ATOMIC_SET(&self->closed, 1);
-    tl_ready_queue pending = self->inbox;
-    self->inbox = (tl_ready_queue){0};
+    tl_ready_queue pending = tl_ready_take(&self->inbox);
     PyMutex_Unlock(&self->inbox_lock);
     tl_ready_clear(&pending);
     PyMem_Free(pending.items);
@@ -1581,12 +1579,13 @@ loop_diagnostics(LoopObject *self, PyObject *Py_UNUSED(ignored))
         "slow_callbacks", (unsigned long long)TL_ATOMIC_GET(&h->slow_callbacks),
         "time_polling", (double)TL_ATOMIC_GET(&h->poll_ns) * 1e-9,
         "time_running", (double)TL_ATOMIC_GET(&h->run_ns) * 1e-9,
-        "ready", (Py_ssize_t)self->ready.len,
-        "timers", (Py_ssize_t)self->timers.len,
-        "fds", (Py_ssize_t)(self->fds_registered - self->fds_internal),
+        "ready", (Py_ssize_t)TL_ATOMIC_GET(&self->ready.len),
+        "timers", (Py_ssize_t)TL_ATOMIC_GET(&self->timers.len),
+        "fds", (Py_ssize_t)(TL_ATOMIC_GET(&self->fds_registered) -
+                            TL_ATOMIC_GET(&self->fds_internal)),
         "backend", tl_poller_name(),
         "callback_timing", tl_health_timed(h) ? Py_True : Py_False,
-        "since", (double)h->since_ns * 1e-9,
+        "since", (double)TL_ATOMIC_GET(&h->since_ns) * 1e-9,
         "histograms", hists);
 }
 
@@ -1595,8 +1594,12 @@ loop_diagnostics(LoopObject *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 loop_reset_diagnostics(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
-    memset(&self->health, 0, TL_HEALTH_RESET_SIZE);
-    self->health.since_ns = tl_now_ns();
+    /* Word by word, atomically: the loop thread may be recording. */
+    _Static_assert(TL_HEALTH_RESET_SIZE % sizeof(uint64_t) == 0, "words");
+    uint64_t *w = (uint64_t *)&self->health;
+    for (size_t i = 0; i < TL_HEALTH_RESET_SIZE / sizeof(uint64_t); i++)
+        TL_ATOMIC_SET(&w[i], 0);
+    TL_ATOMIC_SET(&self->health.since_ns, tl_now_ns());
     Py_RETURN_NONE;
 }
 
