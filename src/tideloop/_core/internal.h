@@ -454,6 +454,9 @@ struct LoopObject {
      * against those pushes and `closed` against the wakeup fd. */
     PyMutex inbox_lock;
     tl_ready_queue inbox;        /* strong references */
+    tl_ready_queue inbox_taken;  /* the loop thread's: the inbox it took last
+                                    (swapped, so no buffer is made per drain) */
+    int inbox_draining;
 #endif
     uint64_t fork_generation;
 

@@ -176,17 +176,23 @@ inbox_waiting(LoopObject *self)
 }
 
 /* On the loop's thread: move the inbox, in arrival order, to the ready
- * queue and the timer heap.  The items are taken under the lock and moved
- * outside it (dropping a cancelled one may run Python code). */
+ * queue and the timer heap.  The items are taken under the lock (the inbox
+ * and the queue taken last trade places) and moved outside it: dropping a
+ * cancelled one may run Python code, which may schedule (not drain again
+ * meanwhile). */
 static int
 inbox_drain(LoopObject *self)
 {
+    if (self->inbox_draining)
+        return 0;
     PyMutex_Lock(&self->inbox_lock);
-    tl_ready_queue q = tl_ready_take(&self->inbox);
+    tl_ready_swap(&self->inbox, &self->inbox_taken);
     PyMutex_Unlock(&self->inbox_lock);
+    self->inbox_draining = 1;
+    tl_ready_queue *q = &self->inbox_taken;
     int rc = 0;
-    while (q.len) {
-        HandleObject *h = (HandleObject *)tl_ready_pop(&q);
+    while (q->len) {
+        HandleObject *h = (HandleObject *)tl_ready_pop(q);
         if (rc < 0 || tl_handle_cancelled(h)) {
             Py_DECREF(h);
         }
@@ -197,7 +203,7 @@ inbox_drain(LoopObject *self)
             rc = ready_push(self, h);
         }
     }
-    PyMem_Free(q.items);
+    self->inbox_draining = 0;
     return rc;
 }
 
@@ -1182,6 +1188,7 @@ loop_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
     PyMutex_Unlock(&self->inbox_lock);
     tl_ready_clear(&pending);
     PyMem_Free(pending.items);
+    tl_ready_clear(&self->inbox_taken);
 #else
     self->closed = 1;
 #endif
@@ -1753,6 +1760,8 @@ loop_traverse(LoopObject *self, visitproc visit, void *arg)
 #if TL_FREE_THREADED
     if (rc == 0)
         rc = tl_ready_traverse(&self->inbox, visit, arg);
+    if (rc == 0)
+        rc = tl_ready_traverse(&self->inbox_taken, visit, arg);
 #endif
     if (rc == 0)
         rc = tl_fd_traverse(self, visit, arg);
@@ -1817,6 +1826,7 @@ loop_dealloc(LoopObject *self)
     PyMem_Free(self->ready.items);
 #if TL_FREE_THREADED
     PyMem_Free(self->inbox.items);
+    PyMem_Free(self->inbox_taken.items);
 #endif
     PyMem_Free(self->fds);
     PyMem_Free(self->events);

@@ -139,6 +139,18 @@ tl_ready_take(tl_ready_queue *q)
     return all;
 }
 
+/* Exchange two queues (their buffers too); lengths stored atomically. */
+static inline void
+tl_ready_swap(tl_ready_queue *a, tl_ready_queue *b)
+{
+    tl_ready_queue t = *a;
+    size_t alen = b->len, blen = t.len;
+    *a = *b;
+    *b = t;
+    __atomic_store_n(&a->len, alen, __ATOMIC_RELAXED);
+    __atomic_store_n(&b->len, blen, __ATOMIC_RELAXED);
+}
+
 static inline void
 tl_ready_clear(tl_ready_queue *q)
 {
