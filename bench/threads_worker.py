@@ -23,7 +23,8 @@ mixed: one loop (the main thread's) serving the same echo, counting the bytes
        over --window seconds, every byte checked by it) and, under a second
        load generator run, two jobs at once (t2_load) with the echo rate the
        loop kept meanwhile (bytes it echoed during the jobs / size / t2_load).
-       Prints one JSON line.
+       Prints one JSON line, with the CPUs the rest of the machine used while
+       t1 and t2_idle ran (other_cpu, from /proc/stat).
 
 Both print the interpreter's GIL state after the loop module is imported and
 the loops made (sys._is_gil_enabled(); 1 on builds with a GIL).  Failures exit
@@ -34,6 +35,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -41,7 +43,7 @@ import sys
 import threading
 import time
 
-from _harness import harness
+from _harness import harness, procs
 
 
 def gil_enabled():
@@ -131,10 +133,25 @@ class CountingEcho(EchoProtocol):
         self.transport.write(data)
 
 
-async def timed_jobs(k, n):
+def own_cpu():
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+async def timed_jobs(k, n, load=None):
+    """Wall time of ``k`` jobs at once; with a ``load`` dict, also the CPUs
+    the rest of the machine kept busy meanwhile (load["other_cpu"], max over
+    the calls: 1.0 = a whole CPU not free for the jobs)."""
+    busy0, _ = procs.machine_cpu()
+    own0 = own_cpu()
     t0 = time.perf_counter()
     await asyncio.gather(*(asyncio.to_thread(cpu_job, n) for _ in range(k)))
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    if load is not None:
+        busy1, _ = procs.machine_cpu()
+        other = max(0.0, (busy1 - busy0) - (own_cpu() - own0)) / wall
+        load["other_cpu"] = round(max(load.get("other_cpu", 0.0), other), 3)
+    return wall
 
 
 def loadgen_cmd(args, port, duration):
@@ -173,8 +190,9 @@ async def mixed(args):
     for _ in range(2):
         n = max(1, int(n * args.job_seconds / t))
         t = await timed_jobs(1, n)
-    t1 = min([await timed_jobs(1, n) for _ in range(2)])
-    t2_idle = await timed_jobs(2, n)
+    idle_load = {}
+    t1 = min([await timed_jobs(1, n, idle_load) for _ in range(2)])
+    t2_idle = await timed_jobs(2, n, idle_load)
 
     # echo alone: loadgen's own window and figure
     gen = subprocess.Popen(loadgen_cmd(args, port, args.window), stdin=subprocess.PIPE,
@@ -211,6 +229,9 @@ async def mixed(args):
         "echo_rps_alone": alone["rps"],
         "echo_rps_with_jobs": round(echoed / args.size / t2_load, 1),
         "echo_alone_latency_us": alone["latency_us"],
+        # the machine's other load while t1 and t2_idle were measured: the
+        # idle ratio means "on free cores" only when this is low
+        "other_cpu": idle_load.get("other_cpu", 0.0),
     }
     print(json.dumps(result), flush=True)
 
