@@ -45,7 +45,7 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 # The interpreter's own runs outside the tests (pip, the build) report too:
 # those logs are CPython's alone and are not read.
-export TSAN_OPTIONS="exitcode=0:log_path=$OUT/setup/tsan"
+export TSAN_OPTIONS="exitcode=0:abort_on_error=1:log_path=$OUT/setup/tsan"
 mkdir -p "$OUT/setup"
 
 stage "venv with the tests' dependencies (cached)"
@@ -71,7 +71,8 @@ cd "$WORK"
 find src -name '*.so' -delete
 TIDELOOP_SANITIZE=thread TIDELOOP_DEV=1 "$VPY" setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1 ||
     { cat "$OUT/build.log"; echo "tsan: the extension does not build"; exit 1; }
-nm -D src/tideloop/_core*.so | grep -q __tsan_ || { echo "tsan: not a TSan build"; exit 1; }
+# (grep -c reads it all: grep -q would stop nm with SIGPIPE, a failure under pipefail)
+nm -D src/tideloop/_core*.so | grep -c __tsan_ >/dev/null || { echo "tsan: not a TSan build"; exit 1; }
 done_ "$(ls src/tideloop/_core*.so | xargs -n1 basename)"
 
 # One pytest process per target: a crash (expected while the core is not
@@ -87,7 +88,10 @@ if [ $# -eq 0 ]; then
     for f in tests/stress/test_threads*.py; do [ -e "$f" ] && TARGETS+=("$f"); done
 fi
 mkdir -p "$OUT/run"
-# exitcode=0: pytest's status is the tests', the verdict judges the reports.
+# exitcode=0: pytest's status is the tests', the verdict judges the reports;
+# abort_on_error=1: TSan ends a crashed process with that same exitcode
+# otherwise (a segfault in a child would read as a clean exit), with it by
+# SIGABRT, which the tests' crash checks see.
 # suppress_equal_addresses=0: a CPython report on some memory must not stop
 # TSan from reporting our own race on the same memory.
 # report_signal_unsafe=0: with it, a crash while other threads are reporting
@@ -95,7 +99,9 @@ mkdir -p "$OUT/run"
 # then its unwinder's malloc the thread registry's, which a racing thread
 # holds while it waits for the report lock); the process hangs instead of
 # dying with its stack.  Our C code installs no signal handler of its own.
-export TSAN_OPTIONS="log_path=$OUT/run/tsan:exitcode=0:halt_on_error=0:suppress_equal_addresses=0:report_signal_unsafe=0:second_deadlock_stack=1:history_size=4"
+# history_size=7 (the most): with 4, one report in seven lost the stack of
+# its previous access ("failed to restore the stack").
+export TSAN_OPTIONS="log_path=$OUT/run/tsan:exitcode=0:abort_on_error=1:halt_on_error=0:suppress_equal_addresses=0:report_signal_unsafe=0:second_deadlock_stack=1:history_size=7"
 export PYTHON_GIL=0 TIDELOOP_SANITIZE_RUN=1 PYTHONPATH=src
 # A process that hangs anyway (TSan's own locks, a deadlock of ours) is
 # stopped after TSAN_TIMEOUT seconds (status 124, or 137 once killed).

@@ -149,7 +149,9 @@ def read_reports(path):
             continue
         m = CRASH.match(line)
         if m:
-            cur = Report(m.group(2), m.group(1), path, crash=True)
+            # "SEGV on unknown address 0x10 (pc ...)": the kind without addresses
+            kind = re.sub(r"\s*(\(pc .*\)|0x[0-9a-f]+)", "", m.group(2)).strip()
+            cur = Report(kind, m.group(1), path, crash=True)
             cur.lines.append(line)
             continue
         if FATAL.match(line):
@@ -226,8 +228,6 @@ def func_of(fr):
 
 
 def dedup_key(rep, cls):
-    if rep.crash:       # one entry per crash: its pc is in the kind
-        return (rep.kind, ())
     frames = [key_frame(fs, cls) for fs in rep.access_stacks()]
     return (rep.kind, tuple(sorted({func_of(fr) for fr in frames if fr is not None})))
 
