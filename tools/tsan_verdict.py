@@ -169,7 +169,12 @@ def is_ours(fr):
 
 
 def is_eval(fr):
-    return fr["func"] in EVAL_FUNCS
+    """A frame that what is above it is not ours: a Python evaluation frame,
+    or TSan's delivery of a signal (above it runs the handler, below it the
+    code the signal interrupted)."""
+    return fr["func"] in EVAL_FUNCS or (
+        "libtsan" in fr["module"] and ("CallUserSignalHandler" in fr["func"]
+                                       or fr["func"] == "sighandler"))
 
 
 def top_ours(frames):

@@ -199,3 +199,25 @@ SUMMARY: ThreadSanitizer: signal handler spoils errno Modules/faulthandler.c:824
 """
     rc, _, v = verdict(tmp_path, text, suppressions="")
     assert rc == 0 and v["tideloop"] == 0 and v["beneath"] == 1
+
+
+def test_a_signal_handler_above_our_code_is_not_ours(tmp_path):
+    # faulthandler's dump, run by TSan on a signal that interrupted the loop
+    text = f"""\
+==================
+WARNING: ThreadSanitizer: data race (pid=9)
+  Read of size 8 at 0x55 by main thread:
+    #0 PyInterpreterState_ThreadHead Python/pystate.c:2518 (python3.13t+0x1)
+    #1 faulthandler_fatal_error Modules/faulthandler.c:338 (python3.13t+0x2)
+    #2 __tsan::CallUserSignalHandler(a, b) tsan_interceptors_posix.cpp:2005 (libtsan.so.2+0x3)
+    #3 sighandler tsan_interceptors_posix.cpp:2085 (libtsan.so.2+0x4)
+    #4 run_once {SRC}/loop.c:639 ({CORE}+0x5)
+
+  Previous write of size 8 at 0x55 by thread T8:
+    #0 tstate_delete_common Python/pystate.c:1795 (python3.13t+0x6)
+
+SUMMARY: ThreadSanitizer: data race Python/pystate.c:2518 in PyInterpreterState_ThreadHead
+==================
+"""
+    rc, _, v = verdict(tmp_path, text, suppressions="")
+    assert rc == 0 and v["tideloop"] == 0 and v["beneath"] == 1
