@@ -503,7 +503,7 @@ struct LoopObject {
 static inline int
 tl_check_closed(LoopObject *loop)
 {
-    if (loop->closed) {
+    if (TL_ATOMIC_GET(&loop->closed)) {       /* any thread may ask */
         PyErr_SetString(PyExc_RuntimeError, "Event loop is closed");
         return -1;
     }

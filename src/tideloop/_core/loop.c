@@ -160,7 +160,7 @@ inbox_push(LoopObject *self, HandleObject *h)
     else {
         Py_INCREF(h);
         rc = tl_ready_push(&self->inbox, (PyObject *)h);
-        wake = rc == 0 && self->sleeping;
+        wake = rc == 0 && TL_ATOMIC_GET(&self->sleeping);
         if (wake)
             write_wakeup(self);
     }
@@ -565,19 +565,30 @@ run_batch_timed(LoopObject *self, size_t ntodo, int64_t start_ns, int *entered)
             took = t - start_ns;
             start_ns = t;
         }
+        /* A report (Python code, and a stall's wait for the watchdog) is
+         * no part of the next callback's time: the clock restarts after. */
+        int reporting = __atomic_load_n(&self->stall_flag, __ATOMIC_ACQUIRE);
         if (health->callbacks != ran_before) {      /* not a cancelled one */
             tl_hist_record(&health->callback, took);
             if (task != NULL && self->tasks != NULL)
                 tl_tasks_step_done(self, task, took, batch_ns,
                                    self->ready.len - queued_before);
-            if (slow_ns && took >= slow_ns && rc == 0)
+            if (slow_ns && took >= slow_ns && rc == 0) {
+                reporting = 1;
                 rc = tl_slow_report(self, held, w != NULL ? w->name : NULL, took, task,
                                     task_where);
+            }
         }
         Py_XDECREF(task);
         Py_XDECREF(task_where);
         if (after_item(self, rc, held, w) < 0)
             return -1;
+        if (reporting) {
+            if (tick_ns)
+                start_ticks = tl_ticks();
+            else
+                start_ns = tl_now_ns();
+        }
     }
     return 0;
 }
@@ -823,7 +834,7 @@ schedule_soon(LoopObject *self, const char *method, PyObject *const *args,
         Py_DECREF(h);
         return NULL;
     }
-    if (threadsafe && self->sleeping)
+    if (threadsafe && TL_ATOMIC_GET(&self->sleeping))
         write_wakeup(self);
     return (PyObject *)h;
 }
