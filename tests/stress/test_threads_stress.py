@@ -42,7 +42,7 @@ def test_loops_in_threads(tmp_path, loop_name):
     assert d["churn_loops"] > 0 and d["churn_roundtrips"] > 0
     if d["free_threaded"]:     # RSS grows there with cross-thread frees (the scenario)
         assert d["blocks_growth"] <= d["blocks_limit"]
-    else:
+    elif not SANITIZE:         # ASan's quarantine keeps freed memory resident
         assert d["rss_growth_mib"] <= d["rss_limit_mib"]
     assert d["fds_leaked"] == 0
     assert d["handler_calls"] == 0 and res["handler_calls"] == []
