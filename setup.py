@@ -1,7 +1,10 @@
 """Build the C core. Everything else lives in pyproject.toml.
 
 TIDELOOP_DEV=1 turns warnings into errors (development and CI builds);
-TIDELOOP_SANITIZE=1 builds with ASan+UBSan.
+TIDELOOP_SANITIZE=1 builds with ASan+UBSan (tools/sanitize.sh);
+TIDELOOP_SANITIZE=thread with ThreadSanitizer (tools/tsan.sh: only with an
+interpreter built with it, tools/build_python.sh --with-thread-sanitizer,
+whose compiler and TSan runtime the extension then shares).
 """
 import glob
 import os
@@ -16,8 +19,10 @@ extra_compile_args = ["-std=c11", "-O2", "-Wall", "-Wextra", "-fvisibility=hidde
 extra_link_args = []
 if os.environ.get("TIDELOOP_DEV"):
     extra_compile_args.append("-Werror")
-if os.environ.get("TIDELOOP_SANITIZE"):
-    san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-O1", "-g"]
+sanitize = os.environ.get("TIDELOOP_SANITIZE")
+if sanitize:
+    kinds = "thread" if sanitize == "thread" else "address,undefined"
+    san = [f"-fsanitize={kinds}", "-fno-omit-frame-pointer", "-O1", "-g"]
     extra_compile_args += san
     extra_link_args += san
 

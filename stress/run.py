@@ -31,6 +31,13 @@ Scenarios:
      call, loses every connection it made exactly once, serves healthy TLS
      clients afterwards, leaks no fd, RSS flat after a warm-up slice; on
      tideloop once per TLS route
+  i  a loop in each of 8 threads (16 long) for 4 s (60 s long): TCP (own
+     port and a shared SO_REUSEPORT one) and Unix echo between the loops,
+     every byte checked; call_soon_threadsafe storms between them (each
+     callback once, in per-sender order); timers (none early, none lost);
+     subprocesses from every loop (exit codes, a cat echo); SIGUSR1 to the
+     process, handled on the main thread's loop; loops created and closed
+     in a churn thread; RSS flat after a warm-up, no fd left open
 
 Files: this driver (the command line, the child entry points, the table);
 scenarios/<letter>_<name>.py, one module per scenario; scenarios/common.py,
@@ -64,9 +71,10 @@ from scenarios.e_threadsafe_storm import scenario_e
 from scenarios.f_signal_flood import scenario_f, helper_f_flooder
 from scenarios.g_close_with_live_fds import scenario_g
 from scenarios.h_tls_resets import scenario_h
+from scenarios.i_loops_in_threads import scenario_i
 
 ALL_LOOPS = ("asyncio", "uvloop", "tideloop")
-SCENARIOS = "abcdefgh"
+SCENARIOS = "abcdefghi"
 TITLES = {
     "a": "10k concurrent echo",
     "b": "reset mid-write",
@@ -76,6 +84,7 @@ TITLES = {
     "f": "signal flood + I/O",
     "g": "close with live fds",
     "h": "TLS resets",
+    "i": "loops in 8+ threads",
 }
 
 # Child timeouts (s): the parent kills a child that overruns and counts it
@@ -84,7 +93,8 @@ TIMEOUT = {"quick": 75, "long": 1200}
 
 # The scenario functions by letter (g runs its own loops: see run_child).
 SCENARIO_FUNCS = {"a": scenario_a, "b": scenario_b, "c": scenario_c, "d": scenario_d,
-                  "e": scenario_e, "f": scenario_f, "g": scenario_g, "h": scenario_h}
+                  "e": scenario_e, "f": scenario_f, "g": scenario_g, "h": scenario_h,
+                  "i": scenario_i}
 
 
 # ---------------------------------------------------------------------------

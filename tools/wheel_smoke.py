@@ -102,7 +102,9 @@ def smoke(certs):
     build = sys.version.split()[0]
     if sysconfig.get_config_var("Py_GIL_DISABLED"):
         gil = getattr(sys, "_is_gil_enabled", lambda: True)()
-        build += f"t (GIL {'on' if gil else 'off'})"
+        if gil:
+            raise SystemExit("smoke: FAILED: the GIL is on after import tideloop")
+        build += "t (GIL off)"
     return (f"smoke: ok: tideloop {tideloop.__version__} on {build}: "
             f"timer, tcp echo, subprocess, tls ({routes})")
 

@@ -125,7 +125,25 @@ def _reap_quietly(pid):
 
 # Every tideloop loop alive, for tideloop.diagnostics.loops() (the live
 # view lists them without the program naming them).
-_LOOPS = weakref.WeakSet()
+# Every loop alive, for tideloop.diagnostics.loops(): id -> weak reference.
+# Loops are made and freed in any thread (a WeakSet changes size under an
+# iteration in another thread); the lock is reentrant because a loop freed
+# while the lock is held runs its weak reference's callback there.
+_LOOPS = {}
+_LOOPS_LOCK = threading.RLock()
+
+
+def _forget_loop(ref, _loops=_LOOPS, _lock=_LOOPS_LOCK):
+    with _lock:
+        for key, value in list(_loops.items()):
+            if value is ref:
+                del _loops[key]
+
+
+def _live_loops():
+    with _LOOPS_LOCK:
+        refs = list(_LOOPS.values())
+    return [lp for lp in (r() for r in refs) if lp is not None]
 
 
 class Loop(_core.Loop, asyncio.AbstractEventLoop):
@@ -140,7 +158,8 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
     _old_wakeup_fd = None
 
     def __init__(self):
-        _LOOPS.add(self)
+        with _LOOPS_LOCK:
+            _LOOPS[id(self)] = weakref.ref(self, _forget_loop)
         self._asyncgens = weakref.WeakSet()
         self._set_debug_flag(_compat.is_debug_mode())
         # CPython's C Task looks up loop.call_soon with a plain getattr on

@@ -96,8 +96,8 @@ def _loop(loop):
 
 def loops():
     """Every tideloop loop of the process that is not closed."""
-    from . import _LOOPS
-    return [lp for lp in list(_LOOPS) if not lp.is_closed()]
+    from . import _live_loops
+    return [lp for lp in _live_loops() if not lp.is_closed()]
 
 
 def serve(path=None):

@@ -4,6 +4,7 @@ tests can show that each scenario detects a broken loop."""
 from __future__ import annotations
 
 import os
+import threading
 
 
 def apply_sabotage(scenario, loop):
@@ -46,4 +47,17 @@ def apply_sabotage(scenario, loop):
                 return
             return orig(self, exc)
         sslproto.SSLProtocol.connection_lost = lost
+    elif scenario == "i":  # drop one storm callback between two worker loops
+        from asyncio import base_events
+        orig, count, lock = base_events.BaseEventLoop.call_soon_threadsafe, [0], threading.Lock()
+
+        def call_soon_threadsafe(self, callback, *args, **kw):
+            if getattr(callback, "__name__", None) == "on_storm":
+                with lock:
+                    count[0] += 1
+                    drop = count[0] == 100
+                if drop:
+                    return None
+            return orig(self, callback, *args, **kw)
+        base_events.BaseEventLoop.call_soon_threadsafe = call_soon_threadsafe
     # e is sabotaged inside scenario_e (it replaces call_soon_threadsafe)

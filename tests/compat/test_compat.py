@@ -33,7 +33,7 @@ def expected_c_branches():
         "context_layout": "private-checked",
         "ssl_eof_flag": ("none" if PY < (3, 14) else
                          "private-proven-3.14" if PY < (3, 15) else "private-proven-3.15"),
-        "free_threading": "gil-enabled-on-import" if FREE_THREADED else "gil-build",
+        "free_threading": "gil-not-used" if FREE_THREADED else "gil-build",
     }
 
 
@@ -164,13 +164,23 @@ def test_import_raises_no_warning():
             "    await asyncio.sleep(0)\n"
             "    return type(asyncio.get_running_loop()).__module__\n"
             "print(tideloop.run(main()))\n")
-    env = None
-    if FREE_THREADED:
-        # Without it the interpreter warns once that it enables the GIL for
-        # tideloop._core, by design (the core is not free-threading safe).
-        import os
-        env = dict(os.environ, PYTHON_GIL="1")
+    p = subprocess.run([sys.executable, "-W", "error", "-c", code],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "tideloop"
+
+
+@pytest.mark.skipif(not FREE_THREADED, reason="a free-threaded build's question")
+def test_import_leaves_the_gil_off():
+    """tideloop._core declares Py_mod_gil = Py_MOD_GIL_NOT_USED: importing it
+    in a free-threaded interpreter (whose GIL is off by default) keeps it
+    off, with no RuntimeWarning (-W error), and a loop runs."""
+    import os
+    code = ("import sys, tideloop\n"
+            "assert not sys._is_gil_enabled(), 'the GIL was enabled'\n"
+            "print(tideloop.run(__import__('asyncio').sleep(0, 'ran')), sys._is_gil_enabled())\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON_GIL"}
     p = subprocess.run([sys.executable, "-W", "error", "-c", code],
                        capture_output=True, text=True, env=env)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.strip() == "tideloop"
+    assert p.stdout.split() == ["ran", "False"]

@@ -445,7 +445,7 @@ def test_asyncio_run_with_loop_factory_no_warnings(loop_name):
             with asyncio.Runner(loop_factory=factory) as r:
                 print(r.run(main()))
     """)
-    env = child_env({"PYTHON_GIL": "1"})
+    env = child_env()
     p = subprocess.run([sys.executable, "-c", code, loop_name], capture_output=True,
                        text=True, env=env, timeout=60)
     assert p.returncode == 0, p.stderr

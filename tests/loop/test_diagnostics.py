@@ -593,3 +593,28 @@ def test_prometheus_collector(tl):
     below = bounds[bounds.index(le) - 1]
     assert value("tideloop_loop_iteration_seconds_bucket", le=repr(below)) == 2
     assert value("tideloop_loop_iteration_seconds_bucket", le="+Inf") == 3
+
+
+def test_a_slow_report_is_not_charged_to_the_next_callback(tl):
+    """The time a report takes (its subscribers', the stall's capture) is
+    no part of the callback after it: a fast callback that follows a slow
+    one whose report is slow is not reported (a false alarm before)."""
+    got = []
+
+    def slow_subscriber(kind, loop, report):
+        got.append((kind, report["callback"]))
+        time.sleep(0.12)
+
+    def fast():
+        pass
+
+    diagnostics.subscribe(slow_subscriber)
+    try:
+        diagnostics.report_slow_callbacks(0.05, tl)
+        tl.call_soon(time.sleep, 0.08)
+        tl.call_soon(fast)
+        spin(tl)
+    finally:
+        diagnostics.unsubscribe(slow_subscriber)
+    assert [k for k, _ in got] == ["slow_callback"]
+    assert "sleep" in got[0][1]

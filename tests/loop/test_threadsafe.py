@@ -173,8 +173,8 @@ def test_stop_from_other_thread_via_threadsafe(loop):
         loop.call_soon_threadsafe(loop.stop)
 
     t = threading.Thread(target=worker)
+    t0 = time.monotonic()   # before the worker starts its sleep (a loaded machine)
     t.start()
-    t0 = time.monotonic()
     loop.run_forever()
     t.join()
     assert 0.04 <= time.monotonic() - t0 < 5

@@ -244,7 +244,10 @@ HIDE_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None; "
     ["-c", HIDE_MATPLOTLIB + "import runpy; sys.path.insert(0, 'bench'); "
            "sys.argv = ['bench/io.py', '--quick', '--plot', 'out.svg']; "
            "runpy.run_path('bench/io.py', run_name='__main__')"],
-], ids=["micro", "net", "io"])
+    ["-c", HIDE_MATPLOTLIB + "import runpy; sys.path.insert(0, 'bench'); "
+           "sys.argv = ['bench/threads.py', '--quick', '--plot', 'out.svg']; "
+           "runpy.run_path('bench/threads.py', run_name='__main__')"],
+], ids=["micro", "net", "io", "threads"])
 def test_plot_option_without_matplotlib_fails_before_measuring(command, tmp_path):
     p = subprocess.run([sys.executable, *command], cwd=ROOT, env=child_env(),
                        capture_output=True, text=True, timeout=TIMEOUT)

@@ -12,7 +12,8 @@ picture is drawn; without it, MatplotlibMissing says which extra to install.
 The document, as harness.json_head and the drivers write it; the keys read:
 
     format        "tideloop-<name>/<version>": microbench (python -m tideloop
-                  bench), netbench (bench/net.py), iobench (bench/io.py); the
+                  bench), netbench (bench/net.py), iobench (bench/io.py),
+                  threadbench (bench/threads.py); the
                   <name> picks the title and the figure plotted.  Any other
                   <name> is read by the same rules if its rows have the shape
                   below (a new driver needs no change here).
@@ -75,6 +76,7 @@ KNOWN = {
     "iobench": ("UDP, subprocesses, pipes (bench/io.py)", "cpu_per_unit"),
     # its rows keep net.py's key, but count requests, queries, commands, messages
     "appbench": ("Real apps (bench/apps.py)", "cpu_us_per_req"),
+    "threadbench": ("Loops in threads (bench/threads.py)", "cpu_us_per_req"),
 }
 
 COLOURS = {"asyncio": "#9e9e9e", "uvloop": "#e08a2c", "tideloop": "#1f6fb4"}

@@ -181,11 +181,10 @@ tl_err_set_raised(PyObject *exc)
 #endif
 
 /* -- Free-threaded builds --
- * The core is not thread-safe without the GIL: it does not declare
- * Py_mod_gil, so a free-threaded interpreter enables the GIL when it loads
- * the module (with its RuntimeWarning, silent under PYTHON_GIL=1). */
+ * The module declares Py_mod_gil = Py_MOD_GIL_NOT_USED (module.c): loading
+ * it leaves the GIL off.  PyMutex (loop.c's inbox) is 3.13's public API. */
 #ifdef Py_GIL_DISABLED
-#  define TL_COMPAT_FREE_THREADING "gil-enabled-on-import"
+#  define TL_COMPAT_FREE_THREADING "gil-not-used"
 #else
 #  define TL_COMPAT_FREE_THREADING "gil-build"
 #endif

@@ -179,9 +179,9 @@ fd_apply(LoopObject *self, int fd, int mask, int oneshot)
         return -1;
     }
     if (e->mask == 0 && mask)
-        self->fds_registered++;
+        TL_ATOMIC_SET(&self->fds_registered, self->fds_registered + 1);
     else if (e->mask && mask == 0)
-        self->fds_registered--;
+        TL_ATOMIC_SET(&self->fds_registered, self->fds_registered - 1);
     e->mask = mask;
     e->oneshot = oneshot;
     e->dormant = 0;
@@ -205,7 +205,7 @@ tl_fd_flush_dirty(LoopObject *self)
         if (tl_poller_modify(self->poller, fd, e->mask) < 0) {
             /* The fd was closed while still watched (a caller's error): the
              * kernel forgot it, so must we. */
-            self->fds_registered--;
+            TL_ATOMIC_SET(&self->fds_registered, self->fds_registered - 1);
             e->mask = 0;
         }
     }
@@ -264,7 +264,7 @@ tl_fd_register_internal(LoopObject *self, int fd, int kind)
     if (fd_set_mask(self, fd, TL_POLL_READ) < 0)
         return -1;
     self->fds[fd].internal = kind;
-    self->fds_internal++;
+    TL_ATOMIC_SET(&self->fds_internal, self->fds_internal + 1);
     return 0;
 }
 
@@ -276,9 +276,9 @@ tl_fd_unregister_internal(LoopObject *self, int fd)
     if (self->poller != NULL && self->fds[fd].mask && !tl_loop_is_forked(self))
         tl_poller_remove(self->poller, fd);
     if (self->fds[fd].mask)
-        self->fds_registered--;
+        TL_ATOMIC_SET(&self->fds_registered, self->fds_registered - 1);
     if (self->fds[fd].internal)
-        self->fds_internal--;
+        TL_ATOMIC_SET(&self->fds_internal, self->fds_internal - 1);
     self->fds[fd].mask = 0;
     self->fds[fd].internal = 0;
 }
@@ -371,7 +371,7 @@ tl_fd_remove(LoopObject *self, int fd, int which, int *removed)
         /* The kernel forgot the fd already (closed); keep our table honest. */
         PyErr_Clear();
         if (e->mask)
-            self->fds_registered--;
+            TL_ATOMIC_SET(&self->fds_registered, self->fds_registered - 1);
         e->mask = 0;
         e->oneshot = 0;
         e->dormant = 0;
@@ -391,7 +391,7 @@ tl_fd_dispatch(LoopObject *self, int fd, int mask)
         e->mask = 0;
         e->oneshot = 0;
         e->dormant = 1;
-        self->fds_registered--;
+        TL_ATOMIC_SET(&self->fds_registered, self->fds_registered - 1);
     }
     for (int which = TL_POLL_READ; which <= TL_POLL_WRITE; which <<= 1) {
         if (!(mask & which))

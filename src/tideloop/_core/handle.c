@@ -94,6 +94,14 @@ current_vars(tl_state *st)
 }
 
 /* Drop the callback and its arguments (cancel, dealloc, clear). */
+static void handle_clear_call(HandleObject *h);
+
+void
+tl_handle_drop_call(HandleObject *h)
+{
+    handle_clear_call(h);
+}
+
 static void
 handle_clear_call(HandleObject *h)
 {
@@ -113,7 +121,7 @@ tl_handle_new(tl_state *st, PyTypeObject *type, LoopObject *loop,
               PyObject *callback, PyObject *const *args, Py_ssize_t nargs,
               PyObject *context, int reusable)
 {
-    HandleObject *h = st->handle_freelist;
+    HandleObject *h = TL_FREE_THREADED ? NULL : st->handle_freelist;
     if (h != NULL) {
         st->handle_freelist = h->next_free;
         st->handle_nfree--;
@@ -137,6 +145,7 @@ tl_handle_new(tl_state *st, PyTypeObject *type, LoopObject *loop,
     h->cancelled = 0;
     h->scheduled = 0;
     h->running = 0;
+    h->threadsafe = 0;
     h->ctx_vars = NULL;
     h->node.index = TL_HEAP_NOT_IN;
     h->nargs = nargs;
@@ -230,7 +239,7 @@ handle_dealloc(HandleObject *h)
     if (h->weakreflist != NULL)
         PyObject_ClearWeakRefs((PyObject *)h);
     handle_clear(h);
-    if (st != NULL && !st->handle_freelist_closed &&
+    if (!TL_FREE_THREADED && st != NULL && !st->handle_freelist_closed &&
         st->handle_nfree < TL_HANDLE_FREELIST_MAX) {
         h->next_free = st->handle_freelist;
         st->handle_freelist = h;
@@ -380,7 +389,7 @@ handle_finish(HandleObject *h, PyObject *res)
     /* While running, cancel() left callback and arguments in place (they
      * were borrowed by the call); drop them now. */
     h->running = 0;
-    if (h->cancelled)
+    if (tl_handle_cancelled(h))
         handle_clear_call(h);
     return rc;
 }
@@ -645,7 +654,7 @@ handle_repr(HandleObject *h)
 int
 tl_handle_cancel(HandleObject *h)
 {
-    if (h->cancelled || h->loop == NULL)
+    if (tl_handle_cancelled(h) || h->loop == NULL)
         return 0;
     if (h->scheduled) {
         /* Out of the loop's heap; its reference goes (the caller has one). */
@@ -653,7 +662,7 @@ tl_handle_cancel(HandleObject *h)
         h->scheduled = 0;
         Py_DECREF(h);
     }
-    h->cancelled = 1;
+    __atomic_store_n(&h->cancelled, 1, __ATOMIC_RELEASE);
     if (h->loop->debug) {
         /* Keep the description: 'Executing <Handle...> took 2.5 seconds'. */
         PyObject *r = handle_repr(h);
@@ -669,10 +678,45 @@ tl_handle_cancel(HandleObject *h)
     return 0;
 }
 
+/* cancel() called by a thread other than the one running the handle's
+ * loop (free-threaded builds; with a GIL the loop thread is never between
+ * two steps when another thread runs).  A handle call_soon_threadsafe()
+ * made is cancelled under the loop's threadsafe_lock, so a callback that
+ * already started ends first (3.14's semantics, gh-128340).  Any other
+ * handle belongs to the loop thread, which may be running it or moving it
+ * in the timer heap: it is only marked, and the loop drops its callback
+ * when it comes to it (a cancelled timer leaves the heap when due). */
+static int
+handle_cancel_from_other_thread(HandleObject *h)
+{
+    LoopObject *loop = h->loop;
+    if (h->threadsafe || Py_IS_TYPE(h, loop->state->ThreadSafeHandleType)) {
+        int rc;
+        Py_INCREF(loop);
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(loop->threadsafe_lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+        rc = tl_handle_cancel(h);     /* never a timer: not in the heap */
+        PyThread_release_lock(loop->threadsafe_lock);
+        Py_DECREF(loop);
+        return rc;
+    }
+    __atomic_store_n(&h->cancelled, 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+static int
+handle_cancel_any_thread(HandleObject *h)
+{
+    if (TL_FREE_THREADED && h->loop != NULL && !tl_loop_owned_here(h->loop))
+        return handle_cancel_from_other_thread(h);
+    return tl_handle_cancel(h);
+}
+
 static PyObject *
 handle_cancel(HandleObject *h, PyObject *Py_UNUSED(ignored))
 {
-    if (tl_handle_cancel(h) < 0)
+    if (handle_cancel_any_thread(h) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -680,7 +724,7 @@ handle_cancel(HandleObject *h, PyObject *Py_UNUSED(ignored))
 static PyObject *
 handle_cancelled(HandleObject *h, PyObject *Py_UNUSED(ignored))
 {
-    return PyBool_FromLong(h->cancelled);
+    return PyBool_FromLong(__atomic_load_n(&h->cancelled, __ATOMIC_ACQUIRE));
 }
 
 static PyObject *
@@ -746,7 +790,7 @@ handle_get_source_traceback(HandleObject *h, void *Py_UNUSED(c))
 static PyObject *
 handle_get_cancelled_attr(HandleObject *h, void *Py_UNUSED(c))
 {
-    return PyBool_FromLong(h->cancelled);
+    return PyBool_FromLong(tl_handle_cancelled(h));
 }
 
 static PyObject *
@@ -923,6 +967,8 @@ threadsafe_wait_while_running(HandleObject *h)
 static PyObject *
 threadsafe_cancel(HandleObject *h, PyObject *Py_UNUSED(ignored))
 {
+    if (TL_FREE_THREADED)
+        return handle_cancel(h, NULL);   /* under the lock (above) */
     threadsafe_wait_while_running(h);
     if (tl_handle_cancel(h) < 0)
         return NULL;
@@ -932,8 +978,20 @@ threadsafe_cancel(HandleObject *h, PyObject *Py_UNUSED(ignored))
 static PyObject *
 threadsafe_cancelled(HandleObject *h, PyObject *Py_UNUSED(ignored))
 {
-    threadsafe_wait_while_running(h);
-    return PyBool_FromLong(h->cancelled);
+    LoopObject *loop = h->loop;
+    if (TL_FREE_THREADED && loop != NULL && !tl_loop_owned_here(loop)) {
+        /* Wait for a callback that already started, as cancel() does. */
+        Py_INCREF(loop);
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(loop->threadsafe_lock, WAIT_LOCK);
+        PyThread_release_lock(loop->threadsafe_lock);
+        Py_END_ALLOW_THREADS
+        Py_DECREF(loop);
+    }
+    else if (!TL_FREE_THREADED) {
+        threadsafe_wait_while_running(h);
+    }
+    return PyBool_FromLong(__atomic_load_n(&h->cancelled, __ATOMIC_ACQUIRE));
 }
 
 /* isinstance(handle, asyncio.events._ThreadSafeHandle) holds, as for the

@@ -67,7 +67,7 @@ tl_heap_push(tl_heap *h, tl_heap_node *n)
     }
     h->nodes[h->len] = n;
     n->index = h->len;
-    h->len++;
+    __atomic_store_n(&h->len, h->len + 1, __ATOMIC_RELAXED);   /* read by diagnostics */
     sift_up(h, h->len - 1);
     return 0;
 }
@@ -79,7 +79,7 @@ tl_heap_remove(tl_heap *h, tl_heap_node *n)
     if (i == TL_HEAP_NOT_IN || i >= h->len || h->nodes[i] != n)
         return;
     n->index = TL_HEAP_NOT_IN;
-    h->len--;
+    __atomic_store_n(&h->len, h->len - 1, __ATOMIC_RELAXED);
     if (i == h->len)
         return;
     tl_heap_node *last = h->nodes[h->len];

@@ -30,6 +30,16 @@
 #include "ready.h"
 #include "health.h"
 
+/* Free-threaded builds (3.13t+): the few places where another thread may
+ * reach a loop are made safe on purpose (the threading contract in
+ * README.md: a loop belongs to the thread running it).  GIL builds compile
+ * none of it. */
+#ifdef Py_GIL_DISABLED
+#  define TL_FREE_THREADED 1
+#else
+#  define TL_FREE_THREADED 0
+#endif
+
 /* Arguments up to this count live inside the handle: no tuple per call. */
 #define TL_INLINE_ARGS 3
 #define TL_HANDLE_FREELIST_MAX 1024
@@ -205,8 +215,7 @@ enum {
     X(diag_slow)       /* (loop, what, io_name, duration, task, where):   \
                           a callback took longer than the threshold */    \
     X(diag_asyncio_dir)     /* asyncio's directory, with a trailing / */  \
-    X(diag_task_types)      /* (asyncio.Task, asyncio.tasks._PyTask) */  \
-    X(diag_not_task_type)   /* the last callback __self__ type not a Task */
+    X(diag_task_types)      /* (asyncio.Task, asyncio.tasks._PyTask) */
 
 typedef struct {
 #define TL_DECLARE_TYPE(f) PyTypeObject *f;
@@ -239,7 +248,10 @@ typedef struct {
      * resolution, ulp(now)) (probed from BaseEventLoop._run_once). */
     int timer_end_ulp;
 
-    /* Recycled handle memory (GC-untracked, type reference dropped). */
+    /* Recycled handle memory (GC-untracked, type reference dropped).
+     * Unused on free-threaded builds: handles are made and freed by any
+     * thread there (call_soon_threadsafe), and the interpreter's allocator
+     * keeps per-thread pages already. */
     HandleObject *handle_freelist;
     int handle_nfree;
     int handle_freelist_closed;      /* module being torn down */
@@ -286,8 +298,18 @@ struct HandleObject {
     char cancelled;
     char scheduled;              /* timers: currently in the heap */
     char running;                /* cancel() defers dropping the callback */
+    char threadsafe;             /* made by call_soon_threadsafe(): another
+                                    thread's cancel() waits for its run */
     HandleObject *next_free;
 };
+
+/* h->cancelled where another thread may set it (free-threaded builds:
+ * Handle.cancel() from a thread other than the loop's). */
+static inline int
+tl_handle_cancelled(HandleObject *h)
+{
+    return __atomic_load_n(&h->cancelled, __ATOMIC_ACQUIRE);
+}
 
 /* Every transport type starts with this, so the loop can tell whether an fd
  * belongs to a live transport (add_reader refuses those, as asyncio does).
@@ -419,10 +441,23 @@ struct LoopObject {
     int time_overridden;         /* a 'time' attribute set on the instance
                                     (mock.patch.object(loop, "time")) */
     unsigned long thread_id;     /* 0: not running */
-    /* 3.14: held by the loop thread while a _ThreadSafeHandle's callback
-     * runs, so that its cancel()/cancelled() from another thread wait for
-     * the callback to end (allocated on first use). */
+    /* Held by the loop thread while a _ThreadSafeHandle's callback runs
+     * (3.14; on free-threaded builds any handle call_soon_threadsafe()
+     * made), so that its cancel()/cancelled() from another thread wait for
+     * the callback to end. */
     PyThread_type_lock threadsafe_lock;
+#if TL_FREE_THREADED
+    /* What other threads schedule (call_soon_threadsafe, or a call_soon/
+     * call_later from a thread not running the loop) waits here, under
+     * inbox_lock, until the loop thread moves it to the ready queue or the
+     * timer heap (loop.c: inbox_drain).  inbox_lock also orders `sleeping`
+     * against those pushes and `closed` against the wakeup fd. */
+    PyMutex inbox_lock;
+    tl_ready_queue inbox;        /* strong references */
+    tl_ready_queue inbox_taken;  /* the loop thread's: the inbox it took last
+                                    (swapped, so no buffer is made per drain) */
+    int inbox_draining;
+#endif
     uint64_t fork_generation;
 
     tl_ready_queue ready;        /* strong references */
@@ -458,6 +493,8 @@ struct LoopObject {
     struct tl_task_table *tasks;
     int64_t eager_ns;
     int stall_flag;             /* set by the watchdog: a stall was seen */
+    PyObject *not_task_type;    /* watchdog.c: the last callback __self__
+                                   type seen not to be a Task (a cache) */
     pid_t os_tid;               /* the running thread's kernel id (watchdog.c) */
 };
 
@@ -466,11 +503,27 @@ struct LoopObject {
 static inline int
 tl_check_closed(LoopObject *loop)
 {
-    if (loop->closed) {
+    if (TL_ATOMIC_GET(&loop->closed)) {       /* any thread may ask */
         PyErr_SetString(PyExc_RuntimeError, "Event loop is closed");
         return -1;
     }
     return 0;
+}
+
+/* Whether the calling thread may use the loop's single-threaded state (its
+ * ready queue, timers, fd table): the loop runs in this thread, or runs in
+ * none (then whoever calls it owns it, as with the stock loop).  Always 1
+ * with a GIL. */
+static inline int
+tl_loop_owned_here(LoopObject *loop)
+{
+#if TL_FREE_THREADED
+    unsigned long tid = __atomic_load_n(&loop->thread_id, __ATOMIC_ACQUIRE);
+    return tid == 0 || tid == PyThread_get_thread_ident();
+#else
+    (void)loop;
+    return 1;
+#endif
 }
 
 static inline int
@@ -543,6 +596,8 @@ int tl_handle_run(HandleObject *h);
 int tl_handle_run_batched(HandleObject *h, int *entered);
 void tl_batch_exit(LoopObject *loop, int *entered);
 int tl_handle_cancel(HandleObject *h);
+/* Drop the callback and its arguments (a handle another thread cancelled). */
+void tl_handle_drop_call(HandleObject *h);
 void tl_handle_free_list(tl_state *st);
 /* Run a watcher's function in its context, with tl_handle_run's error
  * handling. */
@@ -606,7 +661,7 @@ extern const PyMethodDef tl_tls_module_methods[];
 typedef struct tl_watchdog tl_watchdog;
 void tl_watchdog_stop(LoopObject *loop);
 int tl_stall_report(LoopObject *loop, PyObject *what, const char *io_name);
-PyObject *tl_task_of_step(tl_state *st, PyObject *callback);
+PyObject *tl_task_of_step(LoopObject *loop, PyObject *callback);
 PyObject *tl_task_where(tl_state *st, PyObject *task);
 int tl_slow_report(LoopObject *loop, PyObject *what, const char *io_name, int64_t took_ns,
                    PyObject *task, PyObject *where);

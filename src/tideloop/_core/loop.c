@@ -138,7 +138,114 @@ ready_push(LoopObject *self, HandleObject *h)
     return tl_ready_push(&self->ready, (PyObject *)h);
 }
 
+/* ---- the inbox: what other threads schedule (free-threaded builds) ---- */
+
+static void write_wakeup(LoopObject *self);
+static int timer_push(LoopObject *self, HandleObject *h);
+
+#if TL_FREE_THREADED
+/* From a thread that does not own the loop: h (a Handle to run, or a
+ * TimerHandle to schedule; stolen) waits in the inbox; the loop is woken if
+ * it sleeps.  Under inbox_lock, so that close() cannot close the wakeup fd
+ * meanwhile and the loop cannot start sleeping without seeing h. */
+static int
+inbox_push(LoopObject *self, HandleObject *h)
+{
+    PyMutex_Lock(&self->inbox_lock);
+    int rc, wake = 0;
+    if (self->closed) {
+        PyErr_SetString(PyExc_RuntimeError, "Event loop is closed");
+        rc = -1;
+    }
+    else {
+        Py_INCREF(h);
+        rc = tl_ready_push(&self->inbox, (PyObject *)h);
+        wake = rc == 0 && TL_ATOMIC_GET(&self->sleeping);
+        if (wake)
+            write_wakeup(self);
+    }
+    PyMutex_Unlock(&self->inbox_lock);
+    Py_DECREF(h);
+    return rc;
+}
+
+static inline int
+inbox_waiting(LoopObject *self)
+{
+    return __atomic_load_n(&self->inbox.len, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* On the loop's thread: move the inbox, in arrival order, to the ready
+ * queue and the timer heap.  The items are taken under the lock (the inbox
+ * and the queue taken last trade places) and moved outside it: dropping a
+ * cancelled one may run Python code, which may schedule (not drain again
+ * meanwhile). */
+static int
+inbox_drain(LoopObject *self)
+{
+    if (self->inbox_draining)
+        return 0;
+    PyMutex_Lock(&self->inbox_lock);
+    tl_ready_swap(&self->inbox, &self->inbox_taken);
+    PyMutex_Unlock(&self->inbox_lock);
+    self->inbox_draining = 1;
+    tl_ready_queue *q = &self->inbox_taken;
+    int rc = 0;
+    while (q->len) {
+        HandleObject *h = (HandleObject *)tl_ready_pop(q);
+        if (rc < 0 || tl_handle_cancelled(h)) {
+            Py_DECREF(h);
+        }
+        else if (Py_IS_TYPE(h, self->state->TimerHandleType)) {
+            rc = timer_push(self, h);
+        }
+        else {
+            rc = ready_push(self, h);
+        }
+    }
+    self->inbox_draining = 0;
+    return rc;
+}
+
+/* Before the poll: 1 when the loop may sleep (nothing in the inbox; from
+ * now on every push wakes it), else 0. */
+static int
+inbox_begin_sleep(LoopObject *self)
+{
+    PyMutex_Lock(&self->inbox_lock);
+    int empty = self->inbox.len == 0;
+    if (empty)
+        TL_ATOMIC_SET(&self->sleeping, 1);
+    PyMutex_Unlock(&self->inbox_lock);
+    return empty;
+}
+#else
+static inline int inbox_waiting(LoopObject *self) { (void)self; return 0; }
+static inline int inbox_drain(LoopObject *self) { (void)self; return 0; }
+static inline int
+inbox_begin_sleep(LoopObject *self)
+{
+    TL_ATOMIC_SET(&self->sleeping, 1);
+    return 1;
+}
+#endif
+
 /* ---- timers ---- */
+
+/* Into the heap, after every timer scheduled before it; steals h (the
+ * heap's reference). */
+static int
+timer_push(LoopObject *self, HandleObject *h)
+{
+    h->node.seq = self->timer_seq++;
+    if (tl_heap_push(&self->timers, &h->node) < 0) {
+        Py_DECREF(h);
+        PyErr_NoMemory();
+        return -1;
+    }
+    h->scheduled = 1;
+    return 0;
+}
 
 static void
 timers_clear(LoopObject *self)
@@ -290,38 +397,38 @@ run_ready_debug(LoopObject *self, HandleObject *h)
     return 0;
 }
 
-/* Take the loop's threadsafe_lock for a _ThreadSafeHandle's run (see
- * handle.c); only the loop thread holds it for long, other threads just pass
- * through it, so the first try nearly always succeeds. */
-static int
+/* Take the loop's threadsafe_lock for a handle whose cancel() may come from
+ * another thread (see handle.c); only the loop thread holds it for long,
+ * other threads just pass through it, so the first try nearly always
+ * succeeds. */
+static void
 lock_threadsafe(LoopObject *loop)
 {
-    if (loop->threadsafe_lock == NULL) {
-        loop->threadsafe_lock = PyThread_allocate_lock();
-        if (loop->threadsafe_lock == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-    }
     if (!PyThread_acquire_lock(loop->threadsafe_lock, NOWAIT_LOCK)) {
         Py_BEGIN_ALLOW_THREADS
         PyThread_acquire_lock(loop->threadsafe_lock, WAIT_LOCK);
         Py_END_ALLOW_THREADS
     }
-    return 0;
 }
 
 /* Inlined in both batch loops: call_soon's cost is mostly this path. */
 static inline __attribute__((always_inline)) int
 run_handle_item(LoopObject *self, HandleObject *h, int *entered)
 {
-    if (h->cancelled)
-        return 0;
+    /* 3.14's _ThreadSafeHandle everywhere; on free-threaded builds every
+     * handle call_soon_threadsafe() made (its cancel() may race the run). */
+    int locked = Py_IS_TYPE(h, self->state->ThreadSafeHandleType) ||
+                 (TL_FREE_THREADED && h->threadsafe);
+    if (locked)
+        lock_threadsafe(self);
+    int rc = 0;
+    if (tl_handle_cancelled(h)) {
+        /* Cancelled by another thread, which left the callback to us. */
+        if (TL_FREE_THREADED && h->callback != NULL)
+            tl_handle_drop_call(h);
+        goto done;
+    }
     tl_count(&self->health.callbacks, 1);
-    int rc;
-    int locked = Py_IS_TYPE(h, self->state->ThreadSafeHandleType);
-    if (locked && lock_threadsafe(self) < 0)
-        return -1;
     if (self->debug) {
         tl_batch_exit(self, entered);
         rc = run_ready_debug(self, h);
@@ -329,6 +436,7 @@ run_handle_item(LoopObject *self, HandleObject *h, int *entered)
     else {
         rc = tl_handle_run_batched(h, entered);
     }
+done:
     if (locked)
         PyThread_release_lock(self->threadsafe_lock);
     return rc;
@@ -402,7 +510,7 @@ run_batch(LoopObject *self, size_t ntodo, int *entered)
  * type found not to be a Task: the common callbacks, told apart here in a
  * few loads. */
 static inline int
-maybe_task_step(tl_state *st, PyObject *callback)
+maybe_task_step(LoopObject *loop, PyObject *callback)
 {
     if (callback == NULL)           /* cancelled */
         return 0;
@@ -414,7 +522,7 @@ maybe_task_step(tl_state *st, PyObject *callback)
         self = PyCFunction_GET_SELF(callback);
     else
         return tp != &PyFunction_Type;
-    return self == NULL || (PyObject *)Py_TYPE(self) != st->diag_not_task_type;
+    return self == NULL || (PyObject *)Py_TYPE(self) != loop->not_task_type;
 }
 
 /* The batch with each callback timed (callback timing or a slow-callback
@@ -436,8 +544,8 @@ run_batch_timed(LoopObject *self, size_t ntodo, int64_t start_ns, int *entered)
         PyObject *task = NULL, *task_where = NULL;
         size_t queued_before = 0;
         if ((slow_ns || self->tasks != NULL) && tl_ready_io(it) == NULL &&
-            maybe_task_step(self->state, ((HandleObject *)it)->callback) &&
-            (task = tl_task_of_step(self->state, ((HandleObject *)it)->callback)) != NULL) {
+            maybe_task_step(self, ((HandleObject *)it)->callback) &&
+            (task = tl_task_of_step(self, ((HandleObject *)it)->callback)) != NULL) {
             if (slow_ns)
                 task_where = tl_task_where(self->state, task);
             self->eager_ns = 0;
@@ -457,19 +565,30 @@ run_batch_timed(LoopObject *self, size_t ntodo, int64_t start_ns, int *entered)
             took = t - start_ns;
             start_ns = t;
         }
+        /* A report (Python code, and a stall's wait for the watchdog) is
+         * no part of the next callback's time: the clock restarts after. */
+        int reporting = __atomic_load_n(&self->stall_flag, __ATOMIC_ACQUIRE);
         if (health->callbacks != ran_before) {      /* not a cancelled one */
             tl_hist_record(&health->callback, took);
             if (task != NULL && self->tasks != NULL)
                 tl_tasks_step_done(self, task, took, batch_ns,
                                    self->ready.len - queued_before);
-            if (slow_ns && took >= slow_ns && rc == 0)
+            if (slow_ns && took >= slow_ns && rc == 0) {
+                reporting = 1;
                 rc = tl_slow_report(self, held, w != NULL ? w->name : NULL, took, task,
                                     task_where);
+            }
         }
         Py_XDECREF(task);
         Py_XDECREF(task_where);
         if (after_item(self, rc, held, w) < 0)
             return -1;
+        if (reporting) {
+            if (tick_ns)
+                start_ticks = tl_ticks();
+            else
+                start_ns = tl_now_ns();
+        }
     }
     return 0;
 }
@@ -529,7 +648,9 @@ run_once(LoopObject *self)
     int64_t timeout_ns = -1;
     tl_health *health = &self->health;
     tl_count(&health->iterations, 1);
-    if (self->ready.len || self->stopping) {
+    if (inbox_waiting(self) && inbox_drain(self) < 0)
+        return -1;
+    if (self->ready.len || TL_ATOMIC_GET(&self->stopping)) {
         timeout_ns = 0;
     }
     else {
@@ -566,10 +687,15 @@ run_once(LoopObject *self)
         tl_count(&health->polls, 1);
         n = tl_poller_poll(self->poller, self->events, self->events_cap, 0);
     }
+    else if (!inbox_begin_sleep(self)) {
+        /* Another thread scheduled something meanwhile: do not sleep. */
+        tl_count(&health->polls, 1);
+        n = tl_poller_poll(self->poller, self->events, self->events_cap, 0);
+    }
     else {
+        /* sleeping is set (read by call_soon_threadsafe and the watchdog) */
         int64_t t0 = tl_now_ns();
         tl_count(&health->polls, 1);
-        TL_ATOMIC_SET(&self->sleeping, 1);     /* read by the watchdog too */
         Py_BEGIN_ALLOW_THREADS
         n = tl_poller_poll(self->poller, self->events, self->events_cap,
                            timeout_ns);
@@ -596,6 +722,8 @@ run_once(LoopObject *self)
     if (n > 0 && self->ready.first_ns == 0)
         self->ready.first_ns = woke_ns;
     if (n > 0 && dispatch_events(self, n) < 0)
+        return -1;
+    if (inbox_waiting(self) && inbox_drain(self) < 0)
         return -1;
 
     /* Expired timers, in deadline order (ties in scheduling order). */
@@ -681,12 +809,32 @@ schedule_soon(LoopObject *self, const char *method, PyObject *const *args,
                                     args + 1, nargs - 1, context, 0);
     if (h == NULL)
         return NULL;
+    h->threadsafe = (char)threadsafe;
     Py_INCREF(h);
+#if TL_FREE_THREADED
+    /* The ready queue is the loop thread's: from any other thread (and a
+     * threadsafe call while the loop runs nowhere) through the inbox. */
+    unsigned long tid = __atomic_load_n(&self->thread_id, __ATOMIC_ACQUIRE);
+    unsigned long me = PyThread_get_thread_ident();
+    if (tid != me && (threadsafe || tid != 0)) {
+        if (inbox_push(self, h) < 0) {
+            Py_DECREF(h);
+            return NULL;
+        }
+        return (PyObject *)h;
+    }
+    /* Earlier threadsafe calls first, as they came. */
+    if (inbox_waiting(self) && inbox_drain(self) < 0) {
+        Py_DECREF(h);
+        Py_DECREF(h);
+        return NULL;
+    }
+#endif
     if (ready_push(self, h) < 0) {
         Py_DECREF(h);
         return NULL;
     }
-    if (threadsafe && self->sleeping)
+    if (threadsafe && TL_ATOMIC_GET(&self->sleeping))
         write_wakeup(self);
     return (PyObject *)h;
 }
@@ -743,13 +891,21 @@ schedule_at(LoopObject *self, const char *method, double when,
         return NULL;
     h->when = when;
     h->node.key = isnan(when) ? -INFINITY : when;
-    h->node.seq = self->timer_seq++;
-    if (tl_heap_push(&self->timers, &h->node) < 0) {
-        Py_DECREF(h);
-        return PyErr_NoMemory();
-    }
-    h->scheduled = 1;
     Py_INCREF(h);   /* one reference for the heap, one for the caller */
+#if TL_FREE_THREADED
+    if (!tl_loop_owned_here(self)) {
+        /* Another thread runs the loop: the heap is its own. */
+        if (inbox_push(self, h) < 0) {
+            Py_DECREF(h);
+            return NULL;
+        }
+        return (PyObject *)h;
+    }
+#endif
+    if (timer_push(self, h) < 0) {
+        Py_DECREF(h);
+        return NULL;
+    }
     return (PyObject *)h;
 }
 
@@ -833,14 +989,14 @@ loop_call_at(LoopObject *self, PyObject *const *args, Py_ssize_t nargsf,
 static PyObject *
 loop_stop(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
-    self->stopping = 1;
+    TL_ATOMIC_SET(&self->stopping, 1);    /* any thread may call it */
     Py_RETURN_NONE;
 }
 
 static PyObject *
 loop_is_running(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
-    return PyBool_FromLong(self->thread_id != 0);
+    return PyBool_FromLong(TL_ATOMIC_GET(&self->thread_id) != 0);
 }
 
 /* What asyncio's create_task and friends call first (borrowed methods too). */
@@ -855,7 +1011,7 @@ loop_check_closed(LoopObject *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 loop_is_closed(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
-    return PyBool_FromLong(self->closed);
+    return PyBool_FromLong(TL_ATOMIC_GET(&self->closed));
 }
 
 static PyObject *
@@ -981,7 +1137,7 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
                     failed = 1;
                     break;
                 }
-                if (self->stopping)
+                if (TL_ATOMIC_GET(&self->stopping))
                     break;
             }
         }
@@ -989,7 +1145,7 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
 
     /* finally: */
     PyObject *exc = tl_err_get_raised();
-    self->stopping = 0;
+    TL_ATOMIC_SET(&self->stopping, 0);
     TL_ATOMIC_SET(&self->thread_id, 0UL);
     PyObject *r = PyObject_CallMethodOneArg(st->events_module,
                                             st->str_set_running_loop, Py_None);
@@ -1036,7 +1192,17 @@ loop_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
     }
     if (self->closed)
         Py_RETURN_NONE;
+#if TL_FREE_THREADED
+    PyMutex_Lock(&self->inbox_lock);
+    TL_ATOMIC_SET(&self->closed, 1);
+    tl_ready_queue pending = tl_ready_take(&self->inbox);
+    PyMutex_Unlock(&self->inbox_lock);
+    tl_ready_clear(&pending);
+    PyMem_Free(pending.items);
+    tl_ready_clear(&self->inbox_taken);
+#else
     self->closed = 1;
+#endif
     tl_watchdog_stop(self);
     tl_ready_clear(&self->ready);
     timers_clear(self);
@@ -1060,10 +1226,16 @@ loop_close(LoopObject *self, PyObject *Py_UNUSED(ignored))
             tl_poller_free(self->poller);
         self->poller = NULL;
     }
+#if TL_FREE_THREADED
+    PyMutex_Lock(&self->inbox_lock);
+#endif
     if (self->wakeup_fd >= 0) {
         close(self->wakeup_fd);
         self->wakeup_fd = -1;
     }
+#if TL_FREE_THREADED
+    PyMutex_Unlock(&self->inbox_lock);
+#endif
     Py_RETURN_NONE;
 }
 
@@ -1078,6 +1250,14 @@ tl_loop_call_soon(LoopObject *self, PyObject *callback, PyObject *const *args,
                                     nargs, context, 0);
     if (h == NULL)
         return -1;
+#if TL_FREE_THREADED
+    if (!tl_loop_owned_here(self))
+        return inbox_push(self, h);
+    if (inbox_waiting(self) && inbox_drain(self) < 0) {
+        Py_DECREF(h);
+        return -1;
+    }
+#endif
     return ready_push(self, h);
 }
 
@@ -1417,12 +1597,13 @@ loop_diagnostics(LoopObject *self, PyObject *Py_UNUSED(ignored))
         "slow_callbacks", (unsigned long long)TL_ATOMIC_GET(&h->slow_callbacks),
         "time_polling", (double)TL_ATOMIC_GET(&h->poll_ns) * 1e-9,
         "time_running", (double)TL_ATOMIC_GET(&h->run_ns) * 1e-9,
-        "ready", (Py_ssize_t)self->ready.len,
-        "timers", (Py_ssize_t)self->timers.len,
-        "fds", (Py_ssize_t)(self->fds_registered - self->fds_internal),
+        "ready", (Py_ssize_t)TL_ATOMIC_GET(&self->ready.len),
+        "timers", (Py_ssize_t)TL_ATOMIC_GET(&self->timers.len),
+        "fds", (Py_ssize_t)(TL_ATOMIC_GET(&self->fds_registered) -
+                            TL_ATOMIC_GET(&self->fds_internal)),
         "backend", tl_poller_name(),
         "callback_timing", tl_health_timed(h) ? Py_True : Py_False,
-        "since", (double)h->since_ns * 1e-9,
+        "since", (double)TL_ATOMIC_GET(&h->since_ns) * 1e-9,
         "histograms", hists);
 }
 
@@ -1431,8 +1612,12 @@ loop_diagnostics(LoopObject *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 loop_reset_diagnostics(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
-    memset(&self->health, 0, TL_HEALTH_RESET_SIZE);
-    self->health.since_ns = tl_now_ns();
+    /* Word by word, atomically: the loop thread may be recording. */
+    _Static_assert(TL_HEALTH_RESET_SIZE % sizeof(uint64_t) == 0, "words");
+    uint64_t *w = (uint64_t *)&self->health;
+    for (size_t i = 0; i < TL_HEALTH_RESET_SIZE / sizeof(uint64_t); i++)
+        TL_ATOMIC_SET(&w[i], 0);
+    TL_ATOMIC_SET(&self->health.since_ns, tl_now_ns());
     Py_RETURN_NONE;
 }
 
@@ -1474,7 +1659,7 @@ loop_get_thread_id(LoopObject *self, void *Py_UNUSED(c))
 static PyObject *
 loop_get_stopping(LoopObject *self, void *Py_UNUSED(c))
 {
-    return PyBool_FromLong(self->stopping);
+    return PyBool_FromLong(TL_ATOMIC_GET(&self->stopping));
 }
 
 static PyObject *
@@ -1567,6 +1752,11 @@ loop_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     if (tl_fd_register_internal(self, self->wakeup_fd, TL_FD_WAKEUP) < 0)
         goto error;
+    self->threadsafe_lock = PyThread_allocate_lock();
+    if (self->threadsafe_lock == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
     return (PyObject *)self;
 error:
     Py_DECREF(self);
@@ -1578,6 +1768,12 @@ loop_traverse(LoopObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
     int rc = tl_ready_traverse(&self->ready, visit, arg);
+#if TL_FREE_THREADED
+    if (rc == 0)
+        rc = tl_ready_traverse(&self->inbox, visit, arg);
+    if (rc == 0)
+        rc = tl_ready_traverse(&self->inbox_taken, visit, arg);
+#endif
     if (rc == 0)
         rc = tl_fd_traverse(self, visit, arg);
     if (rc != 0)
@@ -1589,6 +1785,7 @@ loop_traverse(LoopObject *self, visitproc visit, void *arg)
     Py_VISIT(self->task_factory);
     Py_VISIT(self->signal_handlers);
     Py_VISIT(self->fileobjs);
+    Py_VISIT(self->not_task_type);
     Py_VISIT(self->dict);
     return 0;
 }
@@ -1596,6 +1793,9 @@ loop_traverse(LoopObject *self, visitproc visit, void *arg)
 static int
 loop_clear(LoopObject *self)
 {
+#if TL_FREE_THREADED
+    tl_ready_clear(&self->inbox);
+#endif
     tl_ready_clear(&self->ready);
     timers_clear(self);
     tl_fd_clear_all(self);
@@ -1605,6 +1805,7 @@ loop_clear(LoopObject *self)
     Py_CLEAR(self->task_factory);
     Py_CLEAR(self->signal_handlers);
     Py_CLEAR(self->fileobjs);
+    Py_CLEAR(self->not_task_type);
     Py_CLEAR(self->dict);
     return 0;
 }
@@ -1634,6 +1835,10 @@ loop_dealloc(LoopObject *self)
     if (self->threadsafe_lock != NULL)
         PyThread_free_lock(self->threadsafe_lock);
     PyMem_Free(self->ready.items);
+#if TL_FREE_THREADED
+    PyMem_Free(self->inbox.items);
+    PyMem_Free(self->inbox_taken.items);
+#endif
     PyMem_Free(self->fds);
     PyMem_Free(self->events);
     PyMem_Free(self->dirty_fds);

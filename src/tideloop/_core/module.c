@@ -396,6 +396,11 @@ static PyMethodDef core_functions[] = {
 
 static PyModuleDef_Slot core_slots[] = {
     {Py_mod_exec, core_exec},
+#ifdef Py_GIL_DISABLED
+    /* The threading contract (README.md, _core/README.md): what another
+     * thread may reach is made safe on purpose, nothing else is shared. */
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
+#endif
     {0, NULL}
 };
 

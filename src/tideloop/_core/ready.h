@@ -89,7 +89,9 @@ tl_ready_push_item(tl_ready_queue *q, tl_ready_item it)
         return -1;
     }
     q->items[(q->head + q->len) & (q->cap - 1)] = it;
-    q->len++;
+    /* One writer at a time; stored atomically because loop.diagnostics()
+     * and the inbox's check read it from other threads. */
+    __atomic_store_n(&q->len, q->len + 1, __ATOMIC_RELAXED);
     if (q->first_ns == 0)
         q->first_ns = tl_now_ns();
     return 0;
@@ -121,8 +123,32 @@ tl_ready_pop(tl_ready_queue *q)
 {
     tl_ready_item it = q->items[q->head];
     q->head = (q->head + 1) & (q->cap - 1);
-    q->len--;
+    __atomic_store_n(&q->len, q->len - 1, __ATOMIC_RELAXED);
     return it;
+}
+
+/* Take everything queued, leaving q empty (the caller owns the items). */
+static inline tl_ready_queue
+tl_ready_take(tl_ready_queue *q)
+{
+    tl_ready_queue all = *q;
+    q->items = NULL;
+    q->head = q->cap = 0;
+    q->first_ns = 0;
+    __atomic_store_n(&q->len, 0, __ATOMIC_RELAXED);
+    return all;
+}
+
+/* Exchange two queues (their buffers too); lengths stored atomically. */
+static inline void
+tl_ready_swap(tl_ready_queue *a, tl_ready_queue *b)
+{
+    tl_ready_queue t = *a;
+    size_t alen = b->len, blen = t.len;
+    *a = *b;
+    *b = t;
+    __atomic_store_n(&a->len, alen, __ATOMIC_RELAXED);
+    __atomic_store_n(&b->len, blen, __ATOMIC_RELAXED);
 }
 
 static inline void

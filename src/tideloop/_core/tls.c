@@ -1544,8 +1544,8 @@ tls_set_proven(PyObject *module, PyObject *arg)
         return NULL;
     }
     st->ossl_proven = v;
-    if (!v && st->tls_route == TL_TLS_OPENSSL)
-        st->tls_route = TL_TLS_SSLOBJECT;
+    if (!v && TL_ATOMIC_GET(&st->tls_route) == TL_TLS_OPENSSL)
+        TL_ATOMIC_SET(&st->tls_route, TL_TLS_SSLOBJECT);
     Py_RETURN_NONE;
 }
 
@@ -1555,7 +1555,7 @@ static PyObject *
 tls_route(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     tl_state *st = PyModule_GetState(module);
-    return PyUnicode_FromString(route_names[st->tls_route]);
+    return PyUnicode_FromString(route_names[TL_ATOMIC_GET(&st->tls_route)]);
 }
 
 /* set_tls_route(name) -> the previous name.  "asyncio": asyncio's
@@ -1581,9 +1581,9 @@ set_tls_route(PyObject *module, PyObject *name)
     if (r == TL_TLS_OPENSSL && !st->ossl_proven)
         return PyErr_Format(PyExc_ValueError, "TLS route 'openssl' is not "
                             "available on this interpreter (see tideloop._tls)");
-    PyObject *prev = PyUnicode_FromString(route_names[st->tls_route]);
+    PyObject *prev = PyUnicode_FromString(route_names[TL_ATOMIC_GET(&st->tls_route)]);
     if (prev != NULL)
-        st->tls_route = r;
+        TL_ATOMIC_SET(&st->tls_route, r);
     return prev;
 }
 

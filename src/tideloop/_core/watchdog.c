@@ -51,9 +51,8 @@ struct tl_watchdog {
     int stop;                   /* under mu */
     int64_t threshold_ns, period_ns;
     LoopObject *loop;           /* borrowed: the loop stops us before it goes */
-    /* The stall being reported: written by the watchdog (with the GIL)
-     * before it sets loop->stall_flag, read by the loop thread (with the
-     * GIL) after it sees the flag. */
+    /* The stall being reported: written by the watchdog under mu, taken
+     * by the loop thread under mu once attempt_done (tl_stall_report). */
     int64_t since_ns;           /* the first check that saw no progress */
     int64_t captured_ns;        /* when the stack was taken (or the signal sent) */
     PyObject *stack;            /* the capture function's result */
@@ -85,8 +84,15 @@ capture(tl_watchdog *wd, uint64_t seen)
         PyErr_WriteUnraisable(st->diag_capture);
         return;
     }
+    /* Under mu: without a GIL the loop thread may be taking the last
+     * report's fields meanwhile (tl_stall_report). */
+    PyObject *old;
+    pthread_mutex_lock(&wd->mu);
     wd->captured_ns = tl_now_ns();
-    Py_XSETREF(wd->stack, stack);
+    old = wd->stack;
+    wd->stack = stack;
+    pthread_mutex_unlock(&wd->mu);
+    Py_XDECREF(old);
 }
 
 /* A one-shot timer that signals the loop thread (faulthandler dumps its
@@ -177,11 +183,17 @@ watchdog_main(void *arg)
          * on delays the same way. */
         PyGILState_STATE g = PyGILState_Ensure();
         capture(wd, p);
-        if (armed && disarm_nudge(timer)) {     /* the dump came first */
+        int dumped = armed && disarm_nudge(timer);      /* the dump came first */
+        PyObject *dropped = NULL;
+        pthread_mutex_lock(&wd->mu);
+        if (dumped) {
             wd->nudged = 1;
             wd->captured_ns = asked + wd->nudge_ns;
-            Py_CLEAR(wd->stack);
+            dropped = wd->stack;
+            wd->stack = NULL;
         }
+        pthread_mutex_unlock(&wd->mu);
+        Py_XDECREF(dropped);
         PyGILState_Release(g);
         pthread_mutex_lock(&wd->mu);
         wd->attempt_done = 1;
@@ -266,20 +278,31 @@ tl_stall_report(LoopObject *loop, PyObject *what, const char *io_name)
      * the GIL we hold, or for the signal's dump) ends without taking what
      * runs next. */
     __atomic_store_n(&wd->over, 1, __ATOMIC_RELEASE);
+    /* The report's fields are taken under mu, once the attempt ended: the
+     * watchdog may see a next stall while the report's Python code runs. */
+    int64_t since, captured;
+    int nudged;
+    PyObject *stack;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&wd->mu);
     while (!wd->attempt_done && !wd->stop)
         pthread_cond_wait(&wd->cv, &wd->mu);
+    since = wd->since_ns;
+    captured = wd->captured_ns;
+    nudged = wd->nudged;
+    stack = wd->stack;
+    wd->stack = NULL;
     pthread_mutex_unlock(&wd->mu);
     Py_END_ALLOW_THREADS
-    if (st->diag_report == NULL)
+    if (st->diag_report == NULL) {
+        Py_XDECREF(stack);
         return 0;
-    PyObject *stack = wd->stack != NULL ? wd->stack : Py_None;
+    }
     PyObject *r = PyObject_CallFunction(
         st->diag_report, "OOsdddOi", (PyObject *)loop, what, io_name,
-        (double)(end - wd->since_ns) * 1e-9, (double)wd->since_ns * 1e-9,
-        (double)(wd->captured_ns - wd->since_ns) * 1e-9, stack, wd->nudged);
-    Py_CLEAR(wd->stack);
+        (double)(end - since) * 1e-9, (double)since * 1e-9,
+        (double)(captured - since) * 1e-9, stack != NULL ? stack : Py_None, nudged);
+    Py_XDECREF(stack);
     if (r == NULL)
         return -1;
     Py_DECREF(r);
@@ -307,8 +330,9 @@ is_task(tl_state *st, PyObject *obj)
 /* The Task whose step or wakeup `callback` is (a new reference), or NULL
  * without an exception. */
 PyObject *
-tl_task_of_step(tl_state *st, PyObject *callback)
+tl_task_of_step(LoopObject *loop, PyObject *callback)
 {
+    tl_state *st = loop->state;
     PyObject *self = NULL;
     if (callback == NULL || PyFunction_Check(callback))
         return NULL;
@@ -326,9 +350,9 @@ tl_task_of_step(tl_state *st, PyObject *callback)
         return NULL;
     /* The last type that was no Task: a batch of one kind of callback
      * (say bound methods of one object) is told apart in a compare. */
-    if ((PyObject *)Py_TYPE(self) == st->diag_not_task_type || !is_task(st, self)) {
-        if ((PyObject *)Py_TYPE(self) != st->diag_not_task_type)
-            Py_XSETREF(st->diag_not_task_type, Py_NewRef((PyObject *)Py_TYPE(self)));
+    if ((PyObject *)Py_TYPE(self) == loop->not_task_type || !is_task(st, self)) {
+        if ((PyObject *)Py_TYPE(self) != loop->not_task_type)
+            Py_XSETREF(loop->not_task_type, Py_NewRef((PyObject *)Py_TYPE(self)));
         Py_CLEAR(self);
     }
     return self;
