@@ -33,7 +33,73 @@ def matrix_table():
     return matrix.markdown_report(_load("matrix.json"))
 
 
-GENERATORS = {"matrix": matrix_table}
+SPREAD_VARIANTS = {   # bench/worker_spread.py's variant: (the README's name, its socket(s))
+    "uvicorn-worker": ("`uvicorn_worker.UvicornWorker` (uvloop; the baseline)",
+                       "the arbiter's, shared"),
+    "uvicorn-worker+reuse-port": ("`uvicorn_worker.UvicornWorker`, `--reuse-port`",
+                                  "one bound in each worker"),
+    "asyncio-uvicorn-shared": ("`uvicorn_worker.UvicornWorker` on asyncio's loop",
+                               "the arbiter's, shared"),
+    "tideloop-uvicorn-shared": ("tideloop's `UvicornWorker` before", "the arbiter's, shared"),
+    "tideloop.workers.UvicornWorker": ("`tideloop.workers.UvicornWorker`",
+                                       "one per worker slot, kept by the arbiter"),
+    "tideloop-aiohttp-shared": ("tideloop's `AiohttpWorker` before", "the arbiter's, shared"),
+    "tideloop.workers.AiohttpWorker": ("`tideloop.workers.AiohttpWorker`",
+                                       "one per worker slot, kept by the arbiter"),
+    "stray-arbiter-socket": ("the trap (bench only)",
+                             "one per worker, and the arbiter's left listening"),
+}
+
+
+def worker_spread_table():
+    """bench/worker_spread.py's results: a row per worker class."""
+    doc = _load("worker-spread.json")
+    by = {(s["variant"], s["mode"]): s for s in doc["summary"]}
+
+    def ratio(x):
+        return "inf" if x is None else f"{x:.2f}"
+
+    def spread(variant, mode):
+        s = by.get((variant, mode))
+        if s is None:
+            return "-"
+        return f"{ratio(s['max_min_median'])} ({', '.join(ratio(x) for x in s['max_min'])})"
+
+    def restarts(variant, mode):
+        s = by.get((variant, mode))
+        if s is None:
+            return "-"
+        return f"{s['errors_total']:,}, {s['p99_ms_median']:.0f} ms"
+
+    variants = []
+    for s in doc["summary"]:
+        if s["variant"] not in variants:
+            variants.append(s["variant"])
+    rounds = doc["rounds"]
+    lines = [
+        "| worker class, 2 workers | listening socket | keep-alive: max/min requests per worker, "
+        f"median ({rounds} rounds) | busiest worker's share | `Connection: close`: max/min | "
+        f"`--max-requests 400`: wrk errors ({rounds} runs), p99 latency | a HUP every second: "
+        "wrk errors, p99 latency |",
+        "|:---|:---|---:|---:|---:|---:|---:|"]
+    for v in variants:
+        name, sockets = SPREAD_VARIANTS.get(v, (v, ""))
+        share = by.get((v, "keepalive"), {}).get("top_share_median")
+        lines.append(f"| {name} | {sockets} | {spread(v, 'keepalive')} | "
+                     f"{'-' if share is None else format(share, '.0%')} | "
+                     f"{spread(v, 'close')} | {restarts(v, 'maxreq')} | {restarts(v, 'hup')} |")
+    lines.append("")
+    versions = doc["versions"]
+    lines.append(f"gunicorn {doc['gunicorn']}, uvicorn {versions.get('uvicorn')}, uvicorn-worker "
+                 f"{versions.get('uvicorn_worker')} (its \"auto\": uvloop {versions.get('uvloop')}, "
+                 f"httptools {versions.get('httptools')}), aiohttp {versions.get('aiohttp')}; "
+                 f"Python {doc['python']}, Linux {doc['kernel']}, {doc['cpus']} CPUs shared with "
+                 f"wrk; {doc['seconds']:g} s per run, the variants interleaved: "
+                 f"`{doc['reproduce']}` (`results/worker-spread.json`).")
+    return "\n".join(lines) + "\n"
+
+
+GENERATORS = {"matrix": matrix_table, "worker_spread": worker_spread_table}
 
 
 def render(text):

@@ -24,7 +24,7 @@ def test_a_stale_table_is_found_and_rewritten(tmp_path):
     readme = open(os.path.join(REPO, "README.md")).read()
     start = readme.index("<!-- generated: matrix")
     line_end = readme.index("\n", start) + 1
-    stale = readme[:line_end] + "| a stale row |\n" + readme[readme.index("<!-- end generated -->"):]
+    stale = readme[:line_end] + "| a stale row |\n" + readme[readme.index("<!-- end generated -->", start):]
     (tmp_path / "README.md").write_text(stale)
     p = run("--check", cwd=tmp_path)
     assert p.returncode == 1 and "README.md" in p.stderr
