@@ -5,8 +5,8 @@
     async def main():
         sock = tideloop.threads.reuse_port_socket("0.0.0.0", 8000)
         server = await asyncio.start_server(handle, sock=sock)
-        async with server:
-            await server.serve_forever()
+        async with server:                  # leaving it waits for the connections
+            await asyncio.Event().wait()    # until run() cancels this thread's main
 
     tideloop.threads.run(main)              # one tideloop loop per CPU, each running main()
 

@@ -82,7 +82,9 @@ async def asyncio_main():
             await serving()
         else:
             asyncio.ensure_future(serving())
-        await server.serve_forever()
+        # not serve_forever(): cancelled, it closes the connections in flight
+        # (close_clients(): 3.13.15, 3.14+; not 3.13.0); leaving `async with` waits for them
+        await asyncio.Event().wait()
 
 
 # -- uvicorn --------------------------------------------------------------------------
