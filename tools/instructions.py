@@ -1,0 +1,464 @@
+#!/usr/bin/env python3
+"""Instruction counts of the loop's hot paths, exact enough to guard in CI.
+
+    python tools/instructions.py                   # measure; compare with the baseline
+    python tools/instructions.py --update          # measure; write the baseline
+    python tools/instructions.py --only echo-streams --json out.json
+    python tools/instructions.py --src /tmp/old/src     # an earlier commit, built in place
+    python tools/instructions.py --figures out.json     # compare a saved run, no measuring
+
+By default the extension is built from this checkout in a scratch copy
+(setup.py's flags), so that the figures are of the code, not of whatever
+build src/ holds.
+
+Each workload runs in one process, on one loop, with one operation in flight
+(so nothing depends on timing: every poll finds exactly what the previous
+step made ready), under valgrind's callgrind, twice: for R and for 3R
+operations.  The figure is the slope, (Ir(3R) - Ir(R)) / 2R: the user-space
+instructions one more operation costs, without start-up, imports and exit.
+The interpreter runs with PYTHONHASHSEED=0 and address-space randomisation
+off (setarch -R), so a figure repeats to within a few instructions.
+
+Workloads (tideloop, CPython of this interpreter):
+  call-soon        call_soon() and the callback's run, 100 an iteration
+  timers           call_later(), 100 an iteration, half of them cancelled
+  echo-protocol    asyncio.Protocol echo of 1 KiB over a Unix socket pair:
+                   the client protocol writes, the server echoes
+  echo-streams     asyncio streams (open_connection(sock=), a handler task:
+                   read(65536), write, drain) against a Protocol client
+  echo-sockets     loop.sock_recv / sock_sendall echo task against a
+                   Protocol client
+  echo-tls         the Protocol echo over TLS (start_tls on both ends)
+
+The baseline is results/instructions.json.  The exit status is 1 when any
+workload costs more than --tolerance (default 3 %) above its baseline, when
+one could not run, or when one is missing from the baseline; a change that
+makes a path dearer on purpose updates the baseline in the same commit
+(--update), so the reason stands beside the number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+BASELINE = os.path.join(REPO, "results", "instructions.json")
+CERTS = os.path.join(REPO, "tests", "certs")
+
+WORKLOADS = {          # name: operations of the R run
+    "call-soon": 20000,        # callbacks, 100 an iteration
+    "timers": 20000,           # timers, 100 an iteration, half cancelled
+    "echo-protocol": 2000,     # round trips of 1 KiB
+    "echo-streams": 1000,
+    "echo-sockets": 1000,
+    "echo-tls": 1000,
+}
+BATCH = 100
+MESSAGE = b"x" * 1024
+
+
+# ---- the workloads (run in the measured child) ----------------------------
+
+def _new_loop():
+    import tideloop
+    return tideloop.new_event_loop()
+
+
+def run_call_soon(loop, n):
+    import asyncio
+
+    def cb():
+        pass
+
+    async def main():
+        lp = asyncio.get_running_loop()
+        for _ in range(n // BATCH):
+            for _ in range(BATCH):
+                lp.call_soon(cb)
+            await asyncio.sleep(0)
+    loop.run_until_complete(main())
+
+
+def run_timers(loop, n):
+    import asyncio
+
+    def cb():
+        pass
+
+    async def main():
+        lp = asyncio.get_running_loop()
+        for _ in range(n // BATCH):
+            hs = [lp.call_later(1e-9 * i, cb) for i in range(BATCH)]
+            for h in hs[::2]:
+                h.cancel()
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+    loop.run_until_complete(main())
+
+
+class _Client:
+    """The client side of every echo: write one message, wait for it whole,
+    write the next; n round trips, then close."""
+
+    def __init__(self, loop, n):
+        import asyncio
+        self.n = n
+        self.done = loop.create_future()
+        self.got = 0
+        self._proto_base = asyncio.Protocol
+
+    def connection_made(self, transport):
+        self.transport = transport
+        transport.write(MESSAGE)
+
+    def data_received(self, data):
+        self.got += len(data)
+        if self.got % len(MESSAGE) == 0:
+            self.n -= 1
+            if self.n == 0:
+                self.transport.close()
+            else:
+                self.transport.write(MESSAGE)
+
+    def eof_received(self):
+        return False
+
+    def connection_lost(self, exc):
+        if not self.done.done():
+            self.done.set_result(self.got)
+
+    def pause_writing(self):
+        pass
+
+    def resume_writing(self):
+        pass
+
+
+def _socketpair():
+    import socket
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.setblocking(False)
+    return a, b
+
+
+def _client(loop, sock, n, ssl=None):
+    import asyncio
+
+    async def start():
+        c = _Client(loop, n)
+        await loop.create_connection(lambda: c, sock=sock, ssl=ssl,
+                                     server_hostname="localhost" if ssl else None)
+        return await c.done
+    return start()
+
+
+class _Echo:
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        self.transport.write(data)
+
+    def eof_received(self):
+        return False
+
+    def connection_lost(self, exc):
+        pass
+
+
+class _TLSEcho(_Echo):
+    """start_tls() does not call connection_made again: the TLS transport
+    comes from its result, and what arrives before that waits."""
+
+    def connection_made(self, transport):
+        self.transport, self.early = None, []
+
+    def data_received(self, data):
+        if self.transport is None:
+            self.early.append(data)
+        else:
+            self.transport.write(data)
+
+    def upgraded(self, transport):
+        self.transport = transport
+        for data in self.early:
+            transport.write(data)
+
+
+def run_echo_protocol(loop, n):
+    a, b = _socketpair()
+
+    async def main():
+        await loop.create_connection(_Echo, sock=a)
+        return await _client(loop, b, n)
+    return loop.run_until_complete(main())
+
+
+def run_echo_streams(loop, n):
+    import asyncio
+    a, b = _socketpair()
+
+    async def handler(reader, writer):
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                break
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    async def main():
+        reader, writer = await asyncio.open_connection(sock=a)
+        task = asyncio.ensure_future(handler(reader, writer))
+        got = await _client(loop, b, n)
+        await task
+        return got
+    return loop.run_until_complete(main())
+
+
+def run_echo_sockets(loop, n):
+    import asyncio
+    a, b = _socketpair()
+
+    async def server():
+        while True:
+            data = await loop.sock_recv(a, 65536)
+            if not data:
+                break
+            await loop.sock_sendall(a, data)
+        a.close()
+
+    async def main():
+        task = asyncio.ensure_future(server())
+        got = await _client(loop, b, n)
+        await task
+        return got
+    return loop.run_until_complete(main())
+
+
+def run_echo_tls(loop, n):
+    import ssl
+    a, b = _socketpair()
+    sctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    sctx.load_cert_chain(os.path.join(CERTS, "server-ecdsa.pem"))
+    cctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    cctx.load_verify_locations(os.path.join(CERTS, "ca.pem"))
+
+    async def main():
+        import asyncio
+        # The server end of the socket pair takes TLS by start_tls(), begun
+        # (its reading paused, SSLProtocol in place) before the client says
+        # hello.
+        tr, proto = await loop.create_connection(_TLSEcho, sock=a)
+        tls_server = loop.create_task(loop.start_tls(tr, proto, sctx, server_side=True))
+        await asyncio.sleep(0)
+        client = loop.create_task(_client(loop, b, n, ssl=cctx))
+        proto.upgraded(await tls_server)
+        return await client
+    return loop.run_until_complete(main())
+
+
+RUNNERS = {"call-soon": run_call_soon, "timers": run_timers,
+           "echo-protocol": run_echo_protocol, "echo-streams": run_echo_streams,
+           "echo-sockets": run_echo_sockets, "echo-tls": run_echo_tls}
+
+
+def child(name, n):
+    import gc
+    loop = _new_loop()
+    gc.disable()          # collections at allocation counts: deterministic, but noise
+    try:
+        got = RUNNERS[name](loop, n)
+    finally:
+        loop.close()
+    if name.startswith("echo-") and got != n * len(MESSAGE):
+        raise SystemExit(f"{name}: {got} bytes echoed, {n * len(MESSAGE)} expected")
+
+
+# ---- the driver -------------------------------------------------------------
+
+def callgrind_ir(name, n, workdir, python, src):
+    out = os.path.join(workdir, f"cg.{name}.{n}.out")
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=src)
+    env.pop("PYTHONASYNCIODEBUG", None)
+    env.pop("PYTHONDEVMODE", None)
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+           python, os.path.abspath(__file__), "--child", name, "--n", str(n)]
+    if shutil.which("setarch"):
+        cmd = ["setarch", platform.machine(), "-R", *cmd]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    if p.returncode != 0:
+        raise RuntimeError(f"{name} (n={n}) failed: {p.stderr.strip().splitlines()[-1:]}")
+    with open(out) as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise RuntimeError(f"{name}: no total in {out}")
+
+
+def build_scratch(python, where):
+    """This checkout's extension built in a copy of the tree (so that nothing
+    importing src/ meanwhile sees a half-written module): its src/."""
+    for name in ("src", "setup.py", "pyproject.toml", "README.md", "LICENSE"):
+        path = os.path.join(REPO, name)
+        if os.path.isdir(path):
+            shutil.copytree(path, os.path.join(where, name),
+                            ignore=shutil.ignore_patterns("*.so", "__pycache__", "build"))
+        elif os.path.exists(path):
+            shutil.copy(path, where)
+    t = time.monotonic()
+    p = subprocess.run([python, "setup.py", "-q", "build_ext", "--inplace"], cwd=where,
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError("building the extension failed: " + p.stderr.strip()[-2000:])
+    print(f"  extension built in a scratch copy ({time.monotonic() - t:.0f} s)", flush=True)
+    return os.path.join(where, "src")
+
+
+def measure(names, python, src):
+    work = tempfile.mkdtemp(prefix="tideloop-instr-")
+    figures = {}
+    try:
+        for name in names:
+            r = WORKLOADS[name]
+            t = time.monotonic()
+            lo = callgrind_ir(name, r, work, python, src)
+            hi = callgrind_ir(name, 3 * r, work, python, src)
+            figures[name] = round((hi - lo) / (2 * r))
+            print(f"  {name:<15} {figures[name]:>9,} instructions per operation "
+                  f"({time.monotonic() - t:.0f} s)", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return figures
+
+
+def compare(base, figures, names, tolerance):
+    """(table lines, failures, workloads cheaper than the baseline by more than
+    ``tolerance``): a workload fails when it costs more than ``tolerance``
+    above its baseline or has none."""
+    lines = [f"{'workload':<15} {'baseline':>10} {'now':>10} {'ratio':>7}"]
+    failed, lower = [], []
+    for name in names:
+        b = base.get(name)
+        now = figures[name]
+        if b is None:
+            failed.append(f"{name}: not in the baseline")
+            lines.append(f"{name:<15} {'-':>10} {now:>10,} {'-':>7}  FAIL")
+            continue
+        ratio = now / b
+        mark = "  FAIL" if ratio > 1 + tolerance else ""
+        lines.append(f"{name:<15} {b:>10,} {now:>10,} {ratio:>6.3f}x{mark}")
+        if mark:
+            failed.append(f"{name}: {ratio:.3f}x its baseline")
+        elif ratio < 1 - tolerance:
+            lower.append(f"{name} {ratio:.3f}x")
+    return lines, failed, lower
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", help="comma-separated workloads (default: all)")
+    ap.add_argument("--update", action="store_true", help="write the baseline")
+    ap.add_argument("--baseline", default=BASELINE)
+    ap.add_argument("--tolerance", type=float, default=0.03)
+    ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--src", default=None,
+                    help="where tideloop is imported from, built in place (an earlier "
+                         "commit's tree measures its figures); default: this checkout, "
+                         "built in a scratch copy with setup.py's flags")
+    ap.add_argument("--figures", metavar="JSON",
+                    help="compare the figures of an earlier --json file instead of measuring")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        child(args.child, args.n)
+        return 0
+    if args.figures:
+        with open(args.figures) as f:
+            measured = json.load(f)
+        names = list(measured["figures"])
+        return check(measured["figures"], names, args)
+    if not shutil.which("valgrind"):
+        print("instructions: valgrind is needed (apt-get install valgrind)", file=sys.stderr)
+        return 1
+    names = list(WORKLOADS) if not args.only else [x.strip() for x in args.only.split(",")]
+    for name in names:
+        if name not in WORKLOADS:
+            ap.error(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
+    python = os.path.realpath(sys.executable)
+    print(f"instructions: {len(names)} workload(s) under callgrind on "
+          f"{platform.python_implementation()} {platform.python_version()}", flush=True)
+    scratch = None
+    try:
+        if args.src is None:
+            scratch = tempfile.mkdtemp(prefix="tideloop-instr-build-")
+            src = build_scratch(python, scratch)
+        else:
+            src = os.path.abspath(args.src)
+        figures = measure(names, python, src)
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        print(f"instructions: FAIL: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+    doc = {"python": platform.python_version(), "unit": "user-space instructions per operation",
+           "figures": figures}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    if args.update:
+        old = {}
+        if os.path.exists(args.baseline):
+            with open(args.baseline) as f:
+                old = json.load(f).get("figures", {})
+        doc["figures"] = {**old, **figures}
+        with open(args.baseline, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+        print(f"instructions: baseline written ({args.baseline})")
+        return 0
+    return check(figures, names, args)
+
+
+def check(figures, names, args):
+    """Compare with the baseline and print the verdict: the exit status."""
+    try:
+        with open(args.baseline) as f:
+            base = json.load(f)
+    except OSError:
+        print(f"instructions: FAIL: no baseline ({args.baseline}); run with --update",
+              file=sys.stderr)
+        return 1
+    if base.get("python", "").rsplit(".", 1)[0] != platform.python_version().rsplit(".", 1)[0]:
+        print(f"instructions: FAIL: the baseline is of Python {base.get('python')}, "
+              f"this is {platform.python_version()}", file=sys.stderr)
+        return 1
+    lines, failed, lower = compare(base["figures"], figures, names, args.tolerance)
+    print("\n" + "\n".join(lines))
+    if failed:
+        print(f"\ninstructions: FAIL (more than {args.tolerance:.0%} above the baseline: "
+              + "; ".join(failed) + "). A change that costs this on purpose updates "
+              "results/instructions.json in the same commit (--update).")
+        return 1
+    if lower:
+        print(f"\ninstructions: cheaper than the baseline by more than {args.tolerance:.0%}: "
+              + ", ".join(lower) + " (--update keeps the gain guarded)")
+    print(f"\ninstructions: PASS (every workload within {args.tolerance:.0%} of the baseline "
+          "or below it)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
