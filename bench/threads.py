@@ -20,6 +20,15 @@ echo   The server (bench/threads_worker.py echo) runs N loops, one per
        starts and ends its window) per request; how many connections each loop
        got from the kernel is in the JSON (loop_conns).  Connections per loop stay the same for
        every N, so that a loop's batching does not change with N.
+inproc The same N loops in N threads (bench/threads_worker.py inproc), each
+       echoing 1 KiB to itself over a Unix socket pair with one request in
+       flight (a client and a server Protocol on the same loop), with no load
+       generator and nothing shared between the threads: CPU time per round
+       trip (each thread's own time.thread_time()).  On N free cores this only
+       grows with N where the threads contend -- in the loop, the allocator,
+       the interpreter -- which is what the scaling target asks about; the
+       echo part on a machine of N cores also has the load generator
+       competing for them (less batching per read, more wake-ups).
 mixed  One loop (bench/threads_worker.py mixed, in the main thread) serving
        echo (--mixed-conns connections) while two pure-Python CPU jobs run in
        asyncio.to_thread.  A job is calibrated to take about --job-seconds
@@ -30,16 +39,16 @@ mixed  One loop (bench/threads_worker.py mixed, in the main thread) serving
 For each row the loops run in an order rotated by the repetition (fresh
 server process per run); each figure is the median of the R repetitions.
 
---gil (free-threaded builds): "default" leaves PYTHON_GIL as it is (today
-importing tideloop turns the GIL on; asyncio and uvloop keep it off), "on"
+--gil (free-threaded builds): "default" leaves PYTHON_GIL as it is (the
+three loops keep the GIL off on import), "on"
 and "off" set PYTHON_GIL=1 or 0 for the servers, "both" measures each.  The
 GIL state every server reported (sys._is_gil_enabled() after making its
 loops) is in the table.
 
 Targets (benchmarks, not timed tests):
-    echo   tideloop's CPU per request with 2 loops <= 1.05 x its 1-loop figure
-           (no contention in the core), on free-threaded builds (with a GIL
-           the loops contend for it: n/a)
+    echo, inproc   tideloop's CPU per request with 2 loops <= 1.05 x its 1-loop
+           figure (no contention in the core), on free-threaded builds (with
+           a GIL the loops contend for it: n/a)
     gil    tideloop's 1-loop CPU per request with the GIL off <= 1.10 x the
            same interpreter with the GIL on (--gil both)
     mixed  two to_thread jobs beside a tideloop loop take <= 1.20 x the wall
@@ -73,7 +82,7 @@ ROOT = os.path.dirname(HERE)
 SRC = os.path.join(ROOT, "src")
 WORKER_PY = os.path.join(HERE, "threads_worker.py")
 
-PARTS = ("echo", "mixed")
+PARTS = ("echo", "inproc", "mixed")
 NS = (1, 2)
 SIZE = 1024
 CONNS_PER_LOOP = 50
@@ -191,6 +200,17 @@ def run_echo(loop, n, gil_mode, cfg, paths, workdir):
             **procs.server_figures(result, start, end)}
 
 
+def run_inproc(loop, n, gil_mode, cfg, workdir):
+    errlog = os.path.join(workdir, "inproc.err")
+    cmd = [cfg.python, WORKER_PY, "inproc", "--loop", loop, "--loops-n", str(n),
+           "--size", str(cfg.size), "--warmup", f"{cfg.warmup:g}",
+           "--window", f"{cfg.duration:g}"]
+    result, _, _, _ = procs.run_to_result(
+        cmd, env=gil_env(cfg.env, gil_mode), cwd=ROOT, errlog=errlog, prog="threads_worker",
+        timeout=RUN_TIMEOUT, startup_failed=_import_failed)
+    return result
+
+
 def run_mixed(loop, gil_mode, cfg, paths, workdir):
     errlog = os.path.join(workdir, "mixed.err")
     cmd = [cfg.python, WORKER_PY, "mixed", "--loop", loop, "--loadgen", paths["loadgen"],
@@ -232,18 +252,23 @@ def measure_rows(names, cfg, log, label, fn):
     return samples, errors
 
 
-def echo_rows(cfg, paths, workdir, log):
+def echo_rows(cfg, paths, workdir, log, kind="echo"):
+    """The echo part's rows (``kind`` "echo") or the inproc part's."""
     rows = []
     for mode in cfg.gil_modes:
         for n in cfg.ns:
             label = f"{n} loop{'s' if n > 1 else ''}" + (
                 f", GIL {mode}" if mode != "default" else "")
-            samples, errors = measure_rows(
-                cfg.loops, cfg, log, "echo " + label,
-                lambda loop: run_echo(loop, n, mode, cfg, paths, workdir))
+            if kind == "echo":
+                def run(loop):
+                    return run_echo(loop, n, mode, cfg, paths, workdir)
+            else:
+                def run(loop):
+                    return run_inproc(loop, n, mode, cfg, workdir)
+            samples, errors = measure_rows(cfg.loops, cfg, log, f"{kind} {label}", run)
             row = {
-                "kind": "echo", "label": label, "loops_n": n, "gil_mode": mode,
-                "size": cfg.size, "conns": cfg.conns_per_loop * n,
+                "kind": kind, "label": label, "loops_n": n, "gil_mode": mode,
+                "size": cfg.size, "conns": cfg.conns_per_loop * n if kind == "echo" else n,
                 "rps": harness.medians(samples, errors, "rps"),
                 "cpu_us_per_req": harness.medians(samples, errors, "cpu_us_per_req"),
                 "gil": {name: xs[0]["gil"] for name, xs in samples.items() if xs},
@@ -280,6 +305,8 @@ def mixed_rows(cfg, paths, workdir, log):
             row["verdict"] = None
         elif not FREE_THREADED:
             row["verdict"] = "n/a (GIL build)"
+        elif mode == "on":          # the jobs take turns holding the GIL
+            row["verdict"] = "n/a (GIL on)"
         elif row["other_cpu"].get("tideloop", 0.0) > BUSY_CPU:
             row["verdict"] = "n/a (machine busy)"
         else:
@@ -316,6 +343,8 @@ def scaling(rows, loops):
                 entry["verdict"] = None
             elif not FREE_THREADED:
                 entry["verdict"] = "n/a (GIL build)"
+            elif mode == "on":      # the loops take turns holding the GIL
+                entry["verdict"] = "n/a (GIL on)"
             else:
                 entry["verdict"] = "PASS" if tl <= TARGET_SCALING else "FAIL"
             out.append(entry)
@@ -395,11 +424,31 @@ def tables(doc, loops):
                 + [f"<= {s['target']:.2f}x" if s["target"] else "-", s["verdict"] or "n/a"]
                 for s in doc["scaling"]]
         out.append(("server CPU per request, N loops / 1 loop", header, body))
-    if doc["gil_ratio"]:
-        g = doc["gil_ratio"]
-        header = list(loops) + ["target (tideloop)", "result"]
-        body = [[harness.fmt_ratio(g["ratio"].get(n)) for n in loops]
-                + [f"<= {g['target']:.2f}x", g["verdict"] or "n/a"]]
+    inproc = doc.get("inproc") or []
+    if inproc:
+        header = (["loops", "GIL"] + [f"{n} rt/s" for n in loops]
+                  + [f"{n} us/rt" for n in loops] + ["tl/aio", "GIL state"])
+        body = [[str(r["loops_n"]), r["gil_mode"]]
+                + [_cell(r, n, "rps", _fmt_rps) for n in loops]
+                + [_cell(r, n, "cpu_us_per_req", _fmt_us) for n in loops]
+                + [harness.fmt_ratio(harness.ratio(r["cpu_us_per_req"].get("tideloop"),
+                                                   r["cpu_us_per_req"].get("asyncio"))),
+                   _gil_state(r["gil"], loops)] for r in inproc]
+        out.append((f"inproc: each loop echoing {harness.fmt_size(doc['size'])} to itself "
+                    f"(socket pair, 1 in flight), no load generator", header, body))
+    if doc.get("inproc_scaling"):
+        header = ["loops", "GIL"] + list(loops) + ["target (tideloop)", "result"]
+        body = [[str(s["loops_n"]), s["gil_mode"]]
+                + [harness.fmt_ratio(s["ratio"].get(n)) for n in loops]
+                + [f"<= {s['target']:.2f}x" if s["target"] else "-", s["verdict"] or "n/a"]
+                for s in doc["inproc_scaling"]]
+        out.append(("inproc: CPU per round trip, N loops / 1 loop", header, body))
+    ratios = [(part, doc.get(key)) for part, key in (("echo", "gil_ratio"),
+                                                      ("inproc", "inproc_gil_ratio"))]
+    if any(g for _, g in ratios):
+        header = ["part"] + list(loops) + ["target (tideloop)", "result"]
+        body = [[part] + [harness.fmt_ratio(g["ratio"].get(n)) for n in loops]
+                + [f"<= {g['target']:.2f}x", g["verdict"] or "n/a"] for part, g in ratios if g]
         out.append(("1 loop, CPU per request, GIL off / GIL on", header, body))
     if doc["mixed"]:
         header = ["GIL", "loop", "GIL state", "1 job s", "2 jobs idle /1", "2 jobs load /1",
@@ -467,7 +516,7 @@ def build_parser():
                     "builds; requests/s, server CPU per request, the jobs' wall time.")
     harness.add_loops_option(p)
     p.add_argument("--only", default=",".join(PARTS), metavar="LIST",
-                   help="parts, from: %(default)s (default: both)")
+                   help="parts, from: %(default)s (default: all)")
     p.add_argument("--n", default=",".join(map(str, NS)), metavar="LIST",
                    help="loop counts of the echo part (default: %(default)s)")
     p.add_argument("--gil", choices=GIL_MODES, default="default",
@@ -548,6 +597,8 @@ def main(argv=None):
     workdir = tempfile.mkdtemp(prefix="tideloop-threads-")
     try:
         echo = echo_rows(cfg, paths, workdir, log) if "echo" in cfg.parts else []
+        inproc = (echo_rows(cfg, paths, workdir, log, kind="inproc")
+                  if "inproc" in cfg.parts else [])
         mixed = mixed_rows(cfg, paths, workdir, log) if "mixed" in cfg.parts else []
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -569,6 +620,9 @@ def main(argv=None):
         "results": echo,
         "scaling": scaling(echo, cfg.loops),
         "gil_ratio": gil_ratio(echo, cfg.loops),
+        "inproc": inproc,
+        "inproc_scaling": scaling(inproc, cfg.loops),
+        "inproc_gil_ratio": gil_ratio(inproc, cfg.loops),
         "mixed": mixed,
     })
 
@@ -576,11 +630,12 @@ def main(argv=None):
     print(format_report(doc, cfg.loops, args.markdown))
     print()
     reported = set()
-    for r in echo + mixed:
+    for r in echo + inproc + mixed:
         for name, err in r["errors"].items():
             if (name, err) not in reported:
                 reported.add((name, err))
-                where = (f"echo {r['label']}" if "label" in r else f"mixed, GIL {r['gil_mode']}")
+                where = (f"{r['kind']} {r['label']}" if "label" in r
+                         else f"mixed, GIL {r['gil_mode']}")
                 print(f"error: {name} ({where}): {err}")
     if args.verbose:
         for r in echo:
@@ -608,7 +663,7 @@ def main(argv=None):
               "(100 % = one CPU not free for the jobs: the idle ratio then says nothing "
               "about parallelism).")
     print(f"servers, loadgen and jobs share {cpus} CPU(s), nothing pinned; TCP loopback.")
-    samples = [x for r in echo + mixed for xs in r["samples"].values() for x in xs]
+    samples = [x for r in echo + inproc + mixed for xs in r["samples"].values() for x in xs]
     echo_samples = [x for r in echo for xs in r["samples"].values() for x in xs]
     for line in (procs.load_line(samples, "the measured windows",
                                  steal_samples=echo_samples) if samples else None,

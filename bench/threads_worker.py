@@ -26,6 +26,16 @@ mixed: one loop (the main thread's) serving the same echo, counting the bytes
        Prints one JSON line, with the CPUs the rest of the machine used while
        t1 and t2_idle ran (other_cpu, from /proc/stat).
 
+inproc: N loops in N threads, each with its own echo over a Unix socket
+       pair inside that loop (a client Protocol writes --size bytes, the
+       server Protocol echoes them, the client writes again on receipt: one
+       request in flight), no load generator and nothing shared between the
+       threads.  After --warmup s every thread counts round trips for
+       --window s and reads its own CPU time (time.thread_time()).  Prints one
+       JSON line: round trips and CPU seconds per thread.  With the threads on
+       free cores, CPU per round trip only grows with N where the threads
+       contend: in the loop's code, the allocator, the interpreter.
+
 Both print the interpreter's GIL state after the loop module is imported and
 the loops made (sys._is_gil_enabled(); 1 on builds with a GIL).  Failures exit
 with status 1 and "threads_worker: ERROR: ..." on stderr.
@@ -112,6 +122,79 @@ def serve_echo(args):
     print(f"READY {port} gil={gil_enabled()} tids={','.join(map(str, tids))}", flush=True)
     while True:
         signal.pause()
+
+
+# -- inproc: N loops in N threads, each echoing to itself ------------------------
+
+class PingClient(asyncio.Protocol):
+    """Writes a message, and the next one when the echo is back."""
+
+    def __init__(self, message, counter):
+        self.message = message
+        self.counter = counter          # [round trips]; the thread reads it
+        self.pending = 0
+
+    def connection_made(self, transport):
+        self.transport = transport
+        self.send()
+
+    def send(self):
+        self.pending = len(self.message)
+        self.transport.write(self.message)
+
+    def data_received(self, data):
+        self.pending -= len(data)
+        if self.pending <= 0:
+            self.counter[0] += 1
+            self.send()
+
+
+def inproc(args):
+    factory = harness.loop_factory(args.loop)
+    n = args.loops_n
+    message = b"x" * args.size
+    start = threading.Barrier(n)
+    results = [None] * n
+    failures = []
+
+    def run(i):
+        try:
+            loop = factory()
+            asyncio.set_event_loop(loop)
+            a, b = socket.socketpair()
+            counter = [0]
+            loop.run_until_complete(loop.connect_accepted_socket(EchoProtocol, a))
+            client, _ = loop.run_until_complete(loop.create_connection(
+                lambda: PingClient(message, counter), sock=b))
+            start.wait(30)
+            loop.run_until_complete(asyncio.sleep(args.warmup))
+            trips0, cpu0, wall0 = counter[0], time.thread_time(), time.perf_counter()
+            loop.run_until_complete(asyncio.sleep(args.window))
+            results[i] = {"round_trips": counter[0] - trips0,
+                          "cpu_s": time.thread_time() - cpu0,
+                          "wall_s": time.perf_counter() - wall0}
+            client.close()
+            loop.run_until_complete(asyncio.sleep(0.01))
+            loop.close()
+        except BaseException as exc:
+            failures.append(exc)
+            start.abort()
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"loop-{i}") for i in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if failures:
+        raise failures[0]
+    trips = sum(r["round_trips"] for r in results)
+    cpu = sum(r["cpu_s"] for r in results)
+    if not trips:
+        raise RuntimeError("no round trip completed")
+    print(json.dumps({"threads": results, "round_trips": trips, "cpu_s": cpu,
+                      "cpu_us_per_req": cpu / trips * 1e6,
+                      "rps": sum(r["round_trips"] / r["wall_s"] for r in results),
+                      "gil": gil_enabled()}), flush=True)
 
 
 # -- mixed: one loop, CPU jobs in to_thread -------------------------------------
@@ -238,17 +321,18 @@ async def mixed(args):
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=("echo", "mixed"))
+    p.add_argument("mode", choices=("echo", "mixed", "inproc"))
     p.add_argument("--loop", choices=harness.ALL_LOOPS, required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
-    p.add_argument("--loops-n", type=int, default=1, help="echo: loops (threads)")
+    p.add_argument("--loops-n", type=int, default=1, help="echo, inproc: loops (threads)")
     p.add_argument("--loadgen", help="mixed: the C load generator")
     p.add_argument("--conns", type=int, default=10, help="mixed: connections")
-    p.add_argument("--size", type=int, default=1024, help="mixed: message size")
-    p.add_argument("--warmup", type=float, default=0.25, help="mixed: loadgen warm-up")
+    p.add_argument("--size", type=int, default=1024, help="mixed, inproc: message size")
+    p.add_argument("--warmup", type=float, default=0.25,
+                   help="mixed: loadgen warm-up; inproc: unmeasured seconds")
     p.add_argument("--window", type=float, default=1.0,
-                   help="mixed: seconds of the echo-alone window")
+                   help="mixed: seconds of the echo-alone window; inproc: measured seconds")
     p.add_argument("--job-seconds", type=float, default=1.0,
                    help="mixed: one job's wall time alone, about")
     return p
@@ -258,6 +342,8 @@ def main():
     args = build_parser().parse_args()
     if args.mode == "echo":
         serve_echo(args)
+    elif args.mode == "inproc":
+        inproc(args)
     else:
         if not args.loadgen:
             raise SystemExit("threads_worker: mixed needs --loadgen")

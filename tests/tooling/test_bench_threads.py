@@ -1,6 +1,7 @@
 """bench/threads.py (the free-threading issue's numbers) end to end, at a
 tiny size: N = 1 and 2 loops in threads serving echo under bench/bin/loadgen,
-and the mixed load (a loop serving echo beside two to_thread CPU jobs), on
+the same loops each echoing to itself (inproc), and the mixed load (a loop
+serving echo beside two to_thread CPU jobs), on
 stock asyncio and tideloop.  The figures are not checked (a shared machine),
 only that every part ran, measured something and reported it.
 """
@@ -32,7 +33,8 @@ def test_quick_run_measures_every_part(tmp_path):
     p = _run(*TINY, "--json", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "error:" not in p.stdout, p.stdout
-    for title in ("echo: 1 KiB messages", "N loops / 1 loop", "mixed: one loop serving echo"):
+    for title in ("echo: 1 KiB messages", "N loops / 1 loop", "mixed: one loop serving echo",
+                  "inproc: each loop echoing 1 KiB to itself", "CPU per round trip"):
         assert title in p.stdout, p.stdout
     assert "reproduce:" in p.stdout
 
@@ -54,7 +56,20 @@ def test_quick_run_measures_every_part(tmp_path):
     (scaling,) = doc["scaling"]
     assert scaling["loops_n"] == 2 and set(scaling["ratio"]) == {"asyncio", "tideloop"}
     assert scaling["verdict"] in ("PASS", "FAIL", "n/a (GIL build)")
-    assert doc["gil_ratio"] is None              # --gil both only
+    assert doc["gil_ratio"] is None and doc["inproc_gil_ratio"] is None   # --gil both only
+    rows = doc["inproc"]
+    assert [r["loops_n"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["errors"] == {}
+        for loop in ("asyncio", "tideloop"):
+            (sample,) = r["samples"][loop]
+            # one figure per thread, each thread round-tripped
+            assert len(sample["threads"]) == r["loops_n"]
+            assert all(t["round_trips"] > 0 and t["cpu_s"] > 0 for t in sample["threads"])
+            assert r["cpu_us_per_req"][loop] == pytest.approx(
+                sample["cpu_s"] / sample["round_trips"] * 1e6)
+    (scaling,) = doc["inproc_scaling"]
+    assert scaling["verdict"] in ("PASS", "FAIL", "n/a (GIL build)")
     (mixed,) = doc["mixed"]
     assert mixed["errors"] == {}
     for loop in ("asyncio", "tideloop"):
