@@ -20,7 +20,7 @@ REPO = os.path.dirname(HERE)
 
 import matrix  # noqa: E402  (tools/matrix.py, beside this script: the table's one definition)
 
-DOCS = ["README.md"]
+DOCS = ["README.md", "bench/README.md"]
 REGION = re.compile(r"(<!-- generated: (\w+)[^\n]*-->\n)(.*?)(<!-- end generated -->)", re.S)
 
 
@@ -99,7 +99,58 @@ def worker_spread_table():
     return "\n".join(lines) + "\n"
 
 
-GENERATORS = {"matrix": matrix_table, "worker_spread": worker_spread_table}
+THREADS_FILES = ("threads-3.11.json", "threads-3.13t.json")
+THREADS_LOOPS = ("asyncio", "uvloop", "tideloop")
+
+
+def threads_table():
+    """bench/threads.py's results: CPU per request, N loops in N threads."""
+    def us(row, base, loop):
+        x = row["cpu_us_per_req"].get(loop) if row else None
+        if x is None:
+            return "error" if row and loop in row["errors"] else "-"
+        b = base["cpu_us_per_req"].get(loop) if base is not row else None
+        return f"{x:.1f}" + (f" ({x / b:.2f}x)" if b else "")
+
+    lines = ["| interpreter, GIL | loops | echo, µs/request: asyncio | uvloop | tideloop "
+             "| in-process, µs/round trip: asyncio | uvloop | tideloop |",
+             "|:---|---:|---:|---:|---:|---:|---:|---:|"]
+    notes = []
+    for name in THREADS_FILES:
+        doc = _load(name)
+        build = name[len("threads-"):-len(".json")]
+        echo, inproc = doc["results"], doc.get("inproc") or []
+        for mode in dict.fromkeys(r["gil_mode"] for r in echo):
+            label = build + ("" if mode == "default" else f", `PYTHON_GIL={int(mode == 'on')}`")
+            e = {r["loops_n"]: r for r in echo if r["gil_mode"] == mode}
+            i = {r["loops_n"]: r for r in inproc if r["gil_mode"] == mode}
+            for n in sorted(e):
+                cells = [us(e.get(n), e.get(1), loop) for loop in THREADS_LOOPS]
+                cells += [us(i.get(n), i.get(1), loop) for loop in THREADS_LOOPS]
+                lines.append(f"| {label} | {n} | " + " | ".join(cells) + " |")
+        verdicts = []
+        for key, what in (("scaling", "echo 2 loops / 1"), ("inproc_scaling", "in-process 2 / 1")):
+            for v in doc.get(key) or []:
+                if v.get("target"):
+                    verdicts.append(f"{what}, GIL {v['gil_mode']}: "
+                                    f"{v['ratio']['tideloop']:.2f}x, {v['verdict']}")
+        for key, what in (("gil_ratio", "echo"), ("inproc_gil_ratio", "in-process")):
+            g = doc.get(key)
+            if g:
+                verdicts.append(f"{what} GIL off / on, 1 loop: {g['ratio']['tideloop']:.2f}x, "
+                                f"{g['verdict']}")
+        for m in doc.get("mixed") or []:
+            ratios = ", ".join(f"{loop} {m['ratio_idle'][loop]:.2f}x"
+                               for loop in THREADS_LOOPS if m["ratio_idle"].get(loop))
+            verdicts.append(f"two to_thread jobs / one, GIL {m['gil_mode']}: {ratios} "
+                            f"({m['verdict']})")
+        notes.append(f"{build} (tideloop against the targets): " + "; ".join(verdicts)
+                     + f". `{doc['command'].split(' ', 1)[1]}` (`results/{name}`).")
+    return "\n".join(lines) + "\n\n" + "\n\n".join(notes) + "\n"
+
+
+GENERATORS = {"matrix": matrix_table, "worker_spread": worker_spread_table,
+              "threads": threads_table}
 
 
 def render(text):

@@ -7,8 +7,8 @@
 # PYTHON=... to use another TSan build).  The extension is built with
 # TIDELOOP_SANITIZE=thread (-fsanitize=thread, same compiler as the
 # interpreter, so one TSan runtime) in a scratch copy of the tree; the tests
-# run from it with PYTHON_GIL=0 (the core does not declare Py_mod_gil yet:
-# without it, importing the core would turn the GIL back on), tideloop's side
+# run from it with PYTHON_GIL=0 (the core declares Py_mod_gil, so the GIL
+# stays off anyway: the variable keeps it off whatever else is imported), tideloop's side
 # only (--loops tideloop: the stock loop runs no code of ours), stress sizes
 # scaled to 0.1 (TIDELOOP_SANITIZE_RUN=1).  TSan writes one log per process
 # (children included) and tools/tsan_verdict.py reads them: the run fails on
