@@ -363,6 +363,7 @@ WORKERS = script("""\
     from gunicorn.workers import base
     base.Worker.init_process = lambda self: None
     worker = object.__new__(tideloop.workers.AiohttpWorker)
+    worker.sockets = []     # gunicorn's Worker.__init__ sets it: the listeners
     worker.init_process()
     results["aiohttp"] = [name(type(worker.loop)), asyncio.get_event_loop() is worker.loop,
                           worker.loop.run_until_complete(running())]
