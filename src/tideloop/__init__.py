@@ -32,6 +32,7 @@ from asyncio.log import logger as _logger
 from . import _compat
 from . import _core
 from . import _tls  # sets up the TLS engine and its routes at import
+from . import _streams  # sets up asyncio streams' C data path at import
 from ._version import __version__
 
 __all__ = ("Loop", "new_event_loop", "run", "EventLoopPolicy", "install",

@@ -189,6 +189,162 @@ tl_err_set_raised(PyObject *exc)
 #  define TL_COMPAT_FREE_THREADING "gil-build"
 #endif
 
+/* -- A weak reference's object (the stream methods hold their reader or
+ * writer weakly, so that the instance dict they live in makes no cycle) --
+ * 3.13+: PyWeakref_GetRef (a new reference).  3.11-3.12: PyWeakref_GetObject
+ * (borrowed; Py_None when dead), then a new reference of it.
+ * Returns 1 and *obj (a new reference), 0 when the object is gone, -1 on
+ * error. */
+#if PY_VERSION_HEX >= 0x030D0000
+#  define TL_COMPAT_WEAKREF_GET "public"
+static inline int
+tl_weakref_get(PyObject *ref, PyObject **obj)
+{
+    return PyWeakref_GetRef(ref, obj);
+}
+#else
+#  define TL_COMPAT_WEAKREF_GET "deprecated-borrowed"
+static inline int
+tl_weakref_get(PyObject *ref, PyObject **obj)
+{
+    PyObject *o = PyWeakref_GetObject(ref);
+    if (o == NULL) {
+        *obj = NULL;
+        return -1;
+    }
+    if (o == Py_None) {
+        *obj = NULL;
+        return 0;
+    }
+    *obj = Py_NewRef(o);
+    return 1;
+}
+#endif
+
+/* -- A local variable of a frame (streams.c finds the StreamWriter being
+ * made from the create_future() call in its __init__) --
+ * 3.12+: PyFrame_GetVar (a new reference; NameError when unbound).
+ * 3.11: PyFrame_GetLocals, then the name in that dict. */
+#if PY_VERSION_HEX >= 0x030C0000
+#  define TL_COMPAT_FRAME_VAR "public"
+static inline PyObject *
+tl_frame_var(PyFrameObject *frame, PyObject *name)
+{
+    return PyFrame_GetVar(frame, name);
+}
+#else
+#  define TL_COMPAT_FRAME_VAR "fallback"
+static inline PyObject *
+tl_frame_var(PyFrameObject *frame, PyObject *name)
+{
+    PyObject *locals = PyFrame_GetLocals(frame);
+    if (locals == NULL)
+        return NULL;
+    PyObject *v = PyDict_GetItemWithError(locals, name);
+    if (v == NULL && !PyErr_Occurred())
+        PyErr_Format(PyExc_NameError, "variable %R does not exist", name);
+    Py_XINCREF(v);
+    Py_DECREF(locals);
+    return v;
+}
+#endif
+
+/* -- A type's version tag (streams.c: asyncio's stream classes unchanged
+ * since their methods were checked) --
+ * tp_version_tag is a field of the PyTypeObject struct on 3.11-3.15; the
+ * interpreter sets it to 0 whenever the type or a base is modified and
+ * gives it a new value on the next method-cache lookup.  0 is never taken
+ * as proof.  Free-threaded builds write it atomically. */
+#define TL_COMPAT_TYPE_VERSION "struct-field"
+static inline unsigned int
+tl_type_version(PyTypeObject *tp)
+{
+    return __atomic_load_n(&tp->tp_version_tag, __ATOMIC_RELAXED);
+}
+
+/* -- Emptying a bytearray that keeps its storage (streams.c: a
+ * StreamReader's buffer, read whole, is about to be filled again) --
+ * 3.11-3.14: the PyByteArrayObject fields (cpython/bytearrayobject.h):
+ * size 0 and the start back at the storage's beginning, as a "minor
+ * downsize" of PyByteArray_Resize leaves it; only with no buffer exported
+ * and small storage (a large one is given back, as bytearray.clear()
+ * does).  3.15: the storage is a bytes object that bytearray.take_bytes()
+ * hands over whole instead (streams.c calls that); fallback: Resize(0). */
+#define TL_BYTEARRAY_KEEP_MAX (64 * 1024)
+#if PY_VERSION_HEX < 0x030F0000
+#  define TL_COMPAT_BYTEARRAY_EMPTY "struct-fields"
+static inline int
+tl_bytearray_empty(PyObject *buf)
+{
+    PyByteArrayObject *b = (PyByteArrayObject *)buf;
+    if (b->ob_exports == 0 && b->ob_bytes != NULL && b->ob_alloc <= TL_BYTEARRAY_KEEP_MAX) {
+        Py_SET_SIZE(b, 0);
+        b->ob_start = b->ob_bytes;
+        b->ob_bytes[0] = '\0';
+        return 0;
+    }
+    return PyByteArray_Resize(buf, 0);
+}
+
+/* del buf[:n] for 0 < n < len(buf): the start moves on, as bytearray's own
+ * prefix deletion does, without its compaction (the next append that finds
+ * no room, or the next emptying, gives the dead prefix back). */
+static inline int
+tl_bytearray_consume(PyObject *buf, Py_ssize_t n)
+{
+    PyByteArrayObject *b = (PyByteArrayObject *)buf;
+    if (b->ob_exports != 0)
+        return PySequence_DelSlice(buf, 0, n);
+    b->ob_start += n;
+    Py_SET_SIZE(b, Py_SIZE(b) - n);
+    return 0;
+}
+
+/* buf.extend(data[:n]): into the storage's room when there is room
+ * (PyByteArray_Resize would give back storage more than twice the new
+ * size, which an emptied buffer has), else through PyByteArray_Resize. */
+static inline int
+tl_bytearray_append(PyObject *buf, const char *data, Py_ssize_t n)
+{
+    PyByteArrayObject *b = (PyByteArrayObject *)buf;
+    Py_ssize_t len = Py_SIZE(b);
+    if (b->ob_exports == 0 && b->ob_bytes != NULL &&
+        (b->ob_start - b->ob_bytes) + len + n + 1 <= b->ob_alloc) {
+        memcpy(b->ob_start + len, data, (size_t)n);
+        Py_SET_SIZE(b, len + n);
+        b->ob_start[len + n] = '\0';
+        return 0;
+    }
+    if (PyByteArray_Resize(buf, len + n) < 0)
+        return -1;
+    memcpy(PyByteArray_AS_STRING(buf) + len, data, (size_t)n);
+    return 0;
+}
+#else
+#  define TL_COMPAT_BYTEARRAY_EMPTY "fallback"
+static inline int
+tl_bytearray_empty(PyObject *buf)
+{
+    return PyByteArray_Resize(buf, 0);
+}
+
+static inline int
+tl_bytearray_consume(PyObject *buf, Py_ssize_t n)
+{
+    return PySequence_DelSlice(buf, 0, n);
+}
+
+static inline int
+tl_bytearray_append(PyObject *buf, const char *data, Py_ssize_t n)
+{
+    Py_ssize_t len = PyByteArray_GET_SIZE(buf);
+    if (PyByteArray_Resize(buf, len + n) < 0)
+        return -1;
+    memcpy(PyByteArray_AS_STRING(buf) + len, data, (size_t)n);
+    return 0;
+}
+#endif
+
 /* The list exported as tideloop._core.compat: (name, branch). */
 #define TL_COMPAT_ENTRIES(X)                                   \
     X("stop_iteration_value", TL_COMPAT_STOP_ITERATION)        \
@@ -198,6 +354,10 @@ tl_err_set_raised(PyObject *exc)
     X("raised_exception", TL_COMPAT_RAISED_EXCEPTION)          \
     X("context_layout", TL_COMPAT_CONTEXT_LAYOUT)              \
     X("ssl_eof_flag", TL_COMPAT_SSL_EOF_FLAG)                  \
-    X("free_threading", TL_COMPAT_FREE_THREADING)
+    X("free_threading", TL_COMPAT_FREE_THREADING)              \
+    X("weakref_get", TL_COMPAT_WEAKREF_GET)                    \
+    X("frame_var", TL_COMPAT_FRAME_VAR)                        \
+    X("type_version", TL_COMPAT_TYPE_VERSION)                  \
+    X("bytearray_empty", TL_COMPAT_BYTEARRAY_EMPTY)
 
 #endif

@@ -71,6 +71,8 @@ tl_hist_lower_ns(int i)
 
 #define TL_ATOMIC_SET(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
 #define TL_ATOMIC_GET(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+/* Counters more than one thread bumps (module-wide ones). */
+#define TL_ATOMIC_ADD(p, v) ((void)__atomic_fetch_add((p), (v), __ATOMIC_RELAXED))
 
 /* Only the loop's thread records into a histogram. */
 static inline void

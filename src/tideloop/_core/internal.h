@@ -97,7 +97,8 @@ enum {
     X(ThreadSafeHandleType)  /* 3.14 (where asyncio has the class) */      \
     X(SocketTransportType) X(DatagramTransportType)                        \
     X(ReadPipeTransportType) X(WritePipeTransportType)                     \
-    X(ListenerType) X(SockOpType) X(TLSEngineType)
+    X(ListenerType) X(SockOpType) X(TLSEngineType)                        \
+    X(StreamMethodType) X(StreamOpType) X(StreamFeederType)
 
 /* From tideloop._compat (asyncio's private names, with fallbacks):
  * field, attribute. */
@@ -189,7 +190,19 @@ enum {
     X(control_ssl_reading, "_control_ssl_reading")                         \
     X(call_eof_received, "_call_eof_received")                             \
     X(start_shutdown, "_start_shutdown") X(fatal_error, "_fatal_error")    \
-    X(read, "read") X(write, "write") X(pending, "pending")
+    X(read, "read") X(write, "write") X(pending, "pending")                \
+    /* streams.c: asyncio's stream objects' attributes and methods */      \
+    X(s_buffer, "_buffer") X(s_eof, "_eof") X(s_waiter, "_waiter")         \
+    X(s_exception, "_exception") X(s_paused, "_paused")                    \
+    X(s_limit, "_limit") X(s_reader_wr, "_stream_reader_wr")               \
+    X(s_protocol, "_protocol") X(s_reader, "_reader")                      \
+    X(s_connection_lost, "_connection_lost") X(cancelled, "cancelled")     \
+    X(pause_reading, "pause_reading") X(resume_reading, "resume_reading")  \
+    X(create_future, "create_future") X(self, "self") X(throw, "throw")    \
+    X(feed_data, "feed_data") X(writelines, "writelines") X(drain, "drain") \
+    X(readline, "readline") X(readexactly, "readexactly")                  \
+    X(readuntil, "readuntil") X(clear, "clear")                          \
+    X(drain_helper, "_drain_helper")
 
 /* The rest, set up by hand in module.c: field. */
 #define TL_STATE_OTHER_OBJECTS(X)                                          \
@@ -215,7 +228,21 @@ enum {
     X(diag_slow)       /* (loop, what, io_name, duration, task, where):   \
                           a callback took longer than the threshold */    \
     X(diag_asyncio_dir)     /* asyncio's directory, with a trailing / */  \
-    X(diag_task_types)      /* (asyncio.Task, asyncio.tasks._PyTask) */
+    X(diag_task_types)      /* (asyncio.Task, asyncio.tasks._PyTask) */  \
+    /* streams.c, set by _streams_setup() (tideloop._streams); NULL before: */ \
+    X(s_reader_type) X(s_protocol_type) X(s_writer_type)  /* asyncio's */ \
+    X(s_reader_check) X(s_protocol_check) X(s_writer_check)  /* ((name,   \
+                          asyncio's function), ...): the methods relied on */ \
+    X(s_originals)     /* asyncio's function per stream method kind */    \
+    X(s_incomplete)    /* asyncio.IncompleteReadError */                  \
+    X(s_overrun)       /* asyncio.LimitOverrunError */                    \
+    X(s_writer_init)   /* StreamWriter.__init__.__code__ */               \
+    X(s_method_names)  /* the instance attribute per method kind */      \
+    X(s_minus_one) X(s_newline)   /* read()'s and readuntil()'s defaults */ \
+    X(s_take_bytes)    /* bytearray.take_bytes (3.15+), else NULL */      \
+    X(s_fut_cancelled) X(s_fut_set_result)  /* asyncio.Future's methods */ \
+    X(s_loop_cf)       /* the Loop type's create_future descriptor */     \
+    X(s_loop_cf_type)  /* a loop type whose create_future is that one */
 
 typedef struct {
 #define TL_DECLARE_TYPE(f) PyTypeObject *f;
@@ -274,6 +301,25 @@ typedef struct {
      * at import: the openssl route raises _ssl's exceptions itself), and
      * where 3.14's raise an SSLEOFError again (0: not this interpreter). */
     int ssl_line_read, ssl_line_write, ssl_line_eof;
+
+    /* streams.c: the C data path of asyncio streams is on (_streams_setup
+     * proved asyncio's classes; TIDELOOP_STREAMS did not turn it off), and
+     * the version tags of asyncio's three stream classes when their
+     * methods were last found to be asyncio's own (0: not yet). */
+    int streams_on;
+    struct OpObject *stream_op_freelist;   /* recycled StreamOps */
+    int stream_op_nfree;
+    int stream_op_freelist_closed;
+    /* Counts since import (relaxed atomics): connections whose reader got
+     * the C path, writers found, awaited calls run in C, calls handed to
+     * asyncio's own coroutine, feeds asyncio's own code took. */
+    uint64_t s_adopted, s_writers, s_ops_c, s_ops_python, s_feeds_python;
+    unsigned int s_reader_tag, s_protocol_tag, s_writer_tag, s_loop_cf_tag;
+    /* Set by module.c: how transport.c and loop.c, which sit below
+     * streams.c, reach it (no upward calls between the files). */
+    int (*streams_adopt)(LoopObject *loop, PyObject *protocol,
+                         PyObject **cproto);
+    int (*streams_writer_made)(LoopObject *loop);
 } tl_state;
 
 
@@ -496,6 +542,9 @@ struct LoopObject {
     PyObject *not_task_type;    /* watchdog.c: the last callback __self__
                                    type seen not to be a Task (a cache) */
     pid_t os_tid;               /* the running thread's kernel id (watchdog.c) */
+    int streams_pending;         /* streams.c: connections whose StreamWriter
+                                    has not been seen yet (create_future
+                                    looks for it while this is not 0) */
 };
 
 /* ---- checks every entry point makes ---- */
@@ -651,6 +700,15 @@ double tl_monotonic(void);
 /* sockops.c: sock_recv, sock_recv_into, sock_sendall, sock_accept. */
 extern PyType_Spec tl_sockop_spec;
 extern const PyMethodDef tl_sockop_loop_methods[];
+
+/* streams.c: asyncio streams in C (the reader's feeding, its awaited reads,
+ * the writer's writes and drain); module functions _streams_setup, ... */
+extern PyType_Spec tl_stream_method_spec, tl_stream_op_spec, tl_stream_feeder_spec;
+extern const PyMethodDef tl_streams_module_methods[];
+int tl_streams_adopt(LoopObject *loop, PyObject *protocol, PyObject **cproto);
+int tl_streams_writer_made(LoopObject *loop);
+void tl_streams_free_list(tl_state *st);
+int tl_streams_feed_app(LoopObject *loop, PyObject *protocol, const char *data, Py_ssize_t n);
 
 /* tls.c: the C engine under asyncio's SSLProtocol; its module functions
  * (_tls_setup, _tls_prove, tls_route, set_tls_route, ...). */

@@ -1348,8 +1348,13 @@ tl_loop_create_future(LoopObject *self)
     PyObject *cls = current_class(st->futures_dict, st->str_Future, st->Future);
     if (cls == NULL)
         return NULL;
-    PyObject *fut = call_with_keywords(st, cls, NULL, 0, (PyObject *)self,
-                                       NULL, NULL);
+    /* Future(loop=self), or Future() when this thread runs this loop:
+     * Future's own lookup of the running loop finds it, and no keyword
+     * dict is made (type objects take keywords through a dict). */
+    PyObject *fut = self->thread_id == PyThread_get_thread_ident()
+                        ? PyObject_CallNoArgs(cls)
+                        : call_with_keywords(st, cls, NULL, 0, (PyObject *)self,
+                                             NULL, NULL);
     Py_DECREF(cls);
     return fut;
 }
@@ -1357,6 +1362,10 @@ tl_loop_create_future(LoopObject *self)
 static PyObject *
 loop_create_future(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
+    /* Some stream connection's StreamWriter is still to be seen: is this
+     * its __init__ calling (streams.c)? */
+    if (self->streams_pending > 0 && self->state->streams_writer_made(self) < 0)
+        return NULL;
     return tl_loop_create_future(self);
 }
 

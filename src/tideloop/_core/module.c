@@ -303,11 +303,21 @@ core_exec(PyObject *m)
         PyModule_AddFunctions(m, (PyMethodDef *)tl_tls_module_methods) < 0 ||
         PyModule_AddFunctions(m, (PyMethodDef *)tl_diag_module_methods) < 0)
         goto done;
-    /* Not added to the module: sock_* awaitables are made by the loop only. */
-    st->SockOpType = (PyTypeObject *)PyType_FromModuleAndSpec(
-        m, &tl_sockop_spec, NULL);
-    if (st->SockOpType == NULL)
+    /* Not added to the module: sock_* awaitables are made by the loop only,
+     * and the streams' types by streams.c. */
+    if ((st->SockOpType = (PyTypeObject *)PyType_FromModuleAndSpec(
+             m, &tl_sockop_spec, NULL)) == NULL ||
+        (st->StreamMethodType = (PyTypeObject *)PyType_FromModuleAndSpec(
+             m, &tl_stream_method_spec, NULL)) == NULL ||
+        (st->StreamOpType = (PyTypeObject *)PyType_FromModuleAndSpec(
+             m, &tl_stream_op_spec, NULL)) == NULL ||
+        (st->StreamFeederType = (PyTypeObject *)PyType_FromModuleAndSpec(
+             m, &tl_stream_feeder_spec, NULL)) == NULL ||
+        PyModule_AddFunctions(m, (PyMethodDef *)tl_streams_module_methods) < 0)
         goto done;
+    /* transport.c and loop.c reach streams.c, above them, through these. */
+    st->streams_adopt = tl_streams_adopt;
+    st->streams_writer_made = tl_streams_writer_made;
 
     if ((st->events_module = PyImport_ImportModule("asyncio.events")) == NULL ||
         module_dict(&st->tasks_dict, "asyncio.tasks") < 0 ||
@@ -376,6 +386,8 @@ core_clear(PyObject *m)
     /* First, while the types the recycled handles point to are alive. */
     if (st->HandleType != NULL)
         tl_handle_free_list(st);
+    if (st->StreamOpType != NULL)
+        tl_streams_free_list(st);
     TL_EACH_STATE_OBJECT(st, CLEAR);
     return 0;
 }

@@ -127,10 +127,10 @@ read_cproto(TransportObject *self)
         return read_ended(self, n, errno);
     tl_cproto *p = (tl_cproto *)Py_NewRef(self->cproto);
     int rc = p->feed(p, area, n);
-    Py_DECREF(p);
     if (rc < 0)
-        return tl_tr_fail(self, "Fatal error: protocol.buffer_updated() call failed.");
-    return 0;
+        rc = tl_tr_fail(self, p->feed_error);
+    Py_DECREF(p);
+    return rc;
 }
 
 /* asyncio's _read_ready: one read, handed to the protocol. */
@@ -243,8 +243,8 @@ tl_stream_write_buf(TransportObject *self, const char *buf, Py_ssize_t len)
     return len == 0 ? 0 : write_bytes(self, NULL, buf, len);
 }
 
-static PyObject *
-stream_write(TransportObject *self, PyObject *data)
+PyObject *
+tl_stream_write(TransportObject *self, PyObject *data)
 {
     if (tl_tr_check_writable_data(self->loop->state->write_type_error_prefix,
                                   data) < 0 ||
@@ -320,8 +320,8 @@ writelines_views(TransportObject *self, PyObject *list)
     return r;
 }
 
-static PyObject *
-stream_writelines(TransportObject *self, PyObject *list)
+PyObject *
+tl_stream_writelines(TransportObject *self, PyObject *list)
 {
     if (self->loop->state->writelines_views)
         return writelines_views(self, list);
@@ -614,8 +614,8 @@ const PyMethodDef tl_stream_loop_methods[] = {
 };
 
 static PyMethodDef stream_methods[] = {
-    {"write", (PyCFunction)stream_write, METH_O, "Write data; never blocks."},
-    {"writelines", (PyCFunction)stream_writelines, METH_O, NULL},
+    {"write", (PyCFunction)tl_stream_write, METH_O, "Write data; never blocks."},
+    {"writelines", (PyCFunction)tl_stream_writelines, METH_O, NULL},
     {"write_eof", (PyCFunction)stream_write_eof, METH_NOARGS, NULL},
     {"can_write_eof", (PyCFunction)stream_can_write_eof, METH_NOARGS, NULL},
     {"resume_reading", (PyCFunction)tl_tr_resume_reading, METH_NOARGS, NULL},

@@ -745,14 +745,20 @@ read_copied(TLSEngineObject *self)
         if (app == NULL && PyErr_Occurred())
             goto done;
         app = app != NULL ? app : Py_None;
-        PyObject *args[2] = {app, data};
         Py_INCREF(app);
-        PyObject *r = PyObject_VectorcallMethod(
-            st->str_data_received, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        /* asyncio streams over TLS: the reader fed in C (streams.c) */
+        int fed = tl_streams_feed_app(self->loop, app, PyBytes_AS_STRING(data),
+                                      PyBytes_GET_SIZE(data));
+        PyObject *r = NULL;
+        if (fed == 0) {
+            PyObject *args[2] = {app, data};
+            r = PyObject_VectorcallMethod(
+                st->str_data_received, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        }
         Py_DECREF(app);
-        if (r == NULL)
+        if (fed < 0 || (fed == 0 && r == NULL))
             goto done;
-        Py_DECREF(r);
+        Py_XDECREF(r);
     }
     if (close_notify && (pcall0(self, st->str_call_eof_received) < 0 ||
                          pcall0(self, st->str_start_shutdown) < 0))
@@ -1119,6 +1125,7 @@ engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (self == NULL)
         return NULL;
     self->head.feed = engine_feed;
+    self->head.feed_error = "Fatal error: protocol.buffer_updated() call failed.";
     self->head.detach = engine_detach;
     self->st = st;
     self->route = r;

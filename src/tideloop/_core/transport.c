@@ -683,6 +683,14 @@ tl_tr_set_protocol_impl(TransportObject *self, PyObject *protocol)
         else
             Py_DECREF(eng);
     }
+    /* asyncio's StreamReaderProtocol: streams.c feeds its reader in C. */
+    else if (Py_IS_TYPE(self, st->SocketTransportType) && st->s_protocol_type != NULL &&
+             Py_IS_TYPE(protocol, (PyTypeObject *)st->s_protocol_type)) {
+        PyObject *feeder;
+        if (st->streams_adopt(self->loop, protocol, &feeder) < 0)
+            return -1;
+        cproto = (tl_cproto *)feeder;
+    }
     self->buffered = buffered;
     Py_XSETREF(self->cproto, cproto);
     Py_XSETREF(self->protocol, Py_NewRef(protocol));

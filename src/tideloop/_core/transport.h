@@ -22,12 +22,14 @@
 typedef struct TransportObject TransportObject;
 
 /* A protocol written in C that a stream transport feeds directly (tls.c's
- * engine, standing for an asyncio SSLProtocol): the bytes just received,
- * in the loop's TLS area, as protocol.buffer_updated() would get them. */
+ * engine, standing for an asyncio SSLProtocol; streams.c's feeder, for a
+ * StreamReaderProtocol): the bytes just received, in the loop's TLS area,
+ * as protocol.buffer_updated() or data_received() would get them. */
 typedef struct tl_cproto tl_cproto;
 struct tl_cproto {
     PyObject_HEAD
     int (*feed)(tl_cproto *self, const char *buf, Py_ssize_t n);
+    const char *feed_error;      /* the fatal error's message when feed fails */
     /* After protocol.connection_lost(): drop the references that make
      * cycles with the protocol (cannot fail; errors are cleared). */
     void (*detach)(tl_cproto *self);
@@ -257,6 +259,9 @@ extern PyMemberDef tl_tr_members[];
 extern PyType_Spec tl_socket_transport_spec;          /* stream.c */
 extern const PyMethodDef tl_stream_loop_methods[];
 /* A stream transport for fd (TCP_NODELAY set as asyncio sets it). */
+/* transport.write(data) and writelines(data) (streams.c's StreamWriter). */
+PyObject *tl_stream_write(TransportObject *self, PyObject *data);
+PyObject *tl_stream_writelines(TransportObject *self, PyObject *list);
 /* transport.write() of len bytes at buf, from C (tls.c). */
 int tl_stream_write_buf(TransportObject *self, const char *buf, Py_ssize_t len);
 TransportObject *tl_stream_new(LoopObject *loop, int fd, PyObject *sock,
