@@ -30,6 +30,19 @@ Workloads (tideloop, CPython of this interpreter):
                    Protocol client
   echo-tls         the Protocol echo over TLS (start_tls on both ends)
 
+Server-only workloads: the client is another process (a blocking socket,
+not traced by valgrind), so the figure is the server's alone, as a load
+test measures it, still with one request in flight:
+  server-protocol  asyncio.Protocol echo of 1 KiB
+  server-streams   asyncio streams echo of 1 KiB (read(65536), write, drain)
+  server-lines     asyncio streams, HTTP/1-like: readline() up to the blank
+                   line of a 10-line header block, a 1 KiB response
+  server-frames    asyncio streams, framed: readexactly(4) for the length,
+                   readexactly(n) for the 1 KiB body, the frame written back
+
+--loop asyncio or uvloop measures that loop instead (figures side by side;
+no baseline).
+
 The baseline is results/instructions.json.  The exit status is 1 when any
 workload costs more than --tolerance (default 3 %) above its baseline, when
 one could not run, or when one is missing from the baseline; a change that
@@ -61,6 +74,10 @@ WORKLOADS = {          # name: operations of the R run
     "echo-streams": 1000,
     "echo-sockets": 1000,
     "echo-tls": 1000,
+    "server-protocol": 2000,
+    "server-streams": 1000,
+    "server-lines": 1000,
+    "server-frames": 1000,
 }
 BATCH = 100
 MESSAGE = b"x" * 1024
@@ -69,6 +86,15 @@ MESSAGE = b"x" * 1024
 # ---- the workloads (run in the measured child) ----------------------------
 
 def _new_loop():
+    """The loop the workload runs on: tideloop's, unless --loop names
+    asyncio's own or uvloop (for side-by-side figures)."""
+    which = os.environ.get("TIDELOOP_INSTR_LOOP", "tideloop")
+    if which == "asyncio":
+        import asyncio
+        return asyncio.new_event_loop()
+    if which == "uvloop":
+        import uvloop
+        return uvloop.new_event_loop()
     import tideloop
     return tideloop.new_event_loop()
 
@@ -268,9 +294,126 @@ def run_echo_tls(loop, n):
     return loop.run_until_complete(main())
 
 
+# ---- server-only workloads: the client is another (untraced) process ----
+
+HEADERS = b"".join(b"Header-%d: %s\r\n" % (i, b"v" * 60) for i in range(9))
+REQUEST_LINES = b"GET /item HTTP/1.1\r\n" + HEADERS + b"\r\n"
+
+# The client: blocking, one request in flight; it sends n requests of its
+# kind and reads each reply whole, then closes its end.
+CLIENT = r"""
+import socket, struct, sys
+kind, n, fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+s = socket.socket(fileno=fd)
+msg = b"x" * 1024
+req = {"echo": msg, "lines": %(lines)r,
+       "frames": struct.pack(">I", len(msg)) + msg}[kind]
+want = {"echo": len(msg), "lines": len(msg), "frames": 4 + len(msg)}[kind]
+for _ in range(n):
+    s.sendall(req)
+    got = 0
+    while got < want:
+        b = s.recv(65536)
+        if not b:
+            sys.exit("server closed early")
+        got += len(b)
+s.close()
+""" % {"lines": REQUEST_LINES}
+
+
+def _serve(loop, n, kind, serve):
+    """Run serve(reader-side socket) on loop against the client process."""
+    import socket
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, kind, str(n), str(b.fileno())],
+                              pass_fds=[b.fileno()])
+    b.close()
+    try:
+        return loop.run_until_complete(serve(a))
+    finally:
+        if client.wait(timeout=600) != 0:
+            raise SystemExit(f"the client failed ({client.returncode})")
+
+
+def run_server_protocol(loop, n):
+    async def serve(sock):
+        done = loop.create_future()
+
+        class Echo(_Echo):
+            got = 0
+
+            def data_received(self, data):
+                self.got += len(data)
+                self.transport.write(data)
+
+            def connection_lost(self, exc):
+                done.set_result(self.got)
+        await loop.create_connection(Echo, sock=sock)
+        return await done
+    return _serve(loop, n, "echo", serve)
+
+
+def _stream_server(handler):
+    async def serve(sock):
+        import asyncio
+        reader, writer = await asyncio.open_connection(sock=sock)
+        got = await handler(reader, writer)
+        writer.close()
+        return got
+    return serve
+
+
+def run_server_streams(loop, n):
+    async def handler(reader, writer):
+        got = 0
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                return got
+            got += len(data)
+            writer.write(data)
+            await writer.drain()
+    return _serve(loop, n, "echo", _stream_server(handler))
+
+
+def run_server_lines(loop, n):
+    async def handler(reader, writer):
+        got = 0
+        while True:
+            line = await reader.readline()
+            if not line:
+                return got
+            while line != b"\r\n":
+                line = await reader.readline()
+            got += len(MESSAGE)
+            writer.write(MESSAGE)
+            await writer.drain()
+    return _serve(loop, n, "lines", _stream_server(handler))
+
+
+def run_server_frames(loop, n):
+    import asyncio
+
+    async def handler(reader, writer):
+        got = 0
+        while True:
+            try:
+                head = await reader.readexactly(4)
+            except asyncio.IncompleteReadError:
+                return got
+            body = await reader.readexactly(int.from_bytes(head, "big"))
+            got += len(body)
+            writer.write(head + body)
+            await writer.drain()
+    return _serve(loop, n, "frames", _stream_server(handler))
+
+
 RUNNERS = {"call-soon": run_call_soon, "timers": run_timers,
            "echo-protocol": run_echo_protocol, "echo-streams": run_echo_streams,
-           "echo-sockets": run_echo_sockets, "echo-tls": run_echo_tls}
+           "echo-sockets": run_echo_sockets, "echo-tls": run_echo_tls,
+           "server-protocol": run_server_protocol, "server-streams": run_server_streams,
+           "server-lines": run_server_lines, "server-frames": run_server_frames}
 
 
 def child(name, n):
@@ -281,7 +424,7 @@ def child(name, n):
         got = RUNNERS[name](loop, n)
     finally:
         loop.close()
-    if name.startswith("echo-") and got != n * len(MESSAGE):
+    if name.startswith(("echo-", "server-")) and got != n * len(MESSAGE):
         raise SystemExit(f"{name}: {got} bytes echoed, {n * len(MESSAGE)} expected")
 
 
@@ -378,6 +521,8 @@ def main(argv=None):
                          "built in a scratch copy with setup.py's flags")
     ap.add_argument("--figures", metavar="JSON",
                     help="compare the figures of an earlier --json file instead of measuring")
+    ap.add_argument("--loop", choices=("tideloop", "asyncio", "uvloop"), default="tideloop",
+                    help="the loop measured (asyncio's and uvloop's figures have no baseline)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -397,8 +542,10 @@ def main(argv=None):
         if name not in WORKLOADS:
             ap.error(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
     python = os.path.realpath(sys.executable)
+    os.environ["TIDELOOP_INSTR_LOOP"] = args.loop
     print(f"instructions: {len(names)} workload(s) under callgrind on "
-          f"{platform.python_implementation()} {platform.python_version()}", flush=True)
+          f"{platform.python_implementation()} {platform.python_version()}, {args.loop}",
+          flush=True)
     scratch = None
     try:
         if args.src is None:
@@ -415,9 +562,14 @@ def main(argv=None):
             shutil.rmtree(scratch, ignore_errors=True)
     doc = {"python": platform.python_version(), "unit": "user-space instructions per operation",
            "figures": figures}
+    if args.loop != "tideloop":
+        doc["loop"] = args.loop
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
+    if args.loop != "tideloop":
+        print(f"instructions: {args.loop}'s figures (not compared with a baseline)")
+        return 0
     if args.update:
         old = {}
         if os.path.exists(args.baseline):
