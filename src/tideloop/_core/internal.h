@@ -241,8 +241,7 @@ enum {
     X(s_minus_one) X(s_newline)   /* read()'s and readuntil()'s defaults */ \
     X(s_take_bytes)    /* bytearray.take_bytes (3.15+), else NULL */      \
     X(s_fut_cancelled) X(s_fut_set_result)  /* asyncio.Future's methods */ \
-    X(s_loop_cf)       /* the Loop type's create_future descriptor */     \
-    X(s_loop_cf_type)  /* a loop type whose create_future is that one */
+    X(s_loop_cf)       /* the Loop type's create_future descriptor */
 
 typedef struct {
 #define TL_DECLARE_TYPE(f) PyTypeObject *f;
@@ -314,7 +313,7 @@ typedef struct {
      * the C path, writers found, awaited calls run in C, calls handed to
      * asyncio's own coroutine, feeds asyncio's own code took. */
     uint64_t s_adopted, s_writers, s_ops_c, s_ops_python, s_feeds_python;
-    unsigned int s_reader_tag, s_protocol_tag, s_writer_tag, s_loop_cf_tag;
+    unsigned int s_reader_tag, s_protocol_tag, s_writer_tag;
     /* Set by module.c: how transport.c and loop.c, which sit below
      * streams.c, reach it (no upward calls between the files). */
     int (*streams_adopt)(LoopObject *loop, PyObject *protocol,
@@ -545,6 +544,10 @@ struct LoopObject {
     int streams_pending;         /* streams.c: connections whose StreamWriter
                                     has not been seen yet (create_future
                                     looks for it while this is not 0) */
+    PyTypeObject *streams_cf_type;   /* streams.c: this loop's type, and its */
+    unsigned int streams_cf_tag;     /* version tag, when its create_future
+                                        was found to be the core's (borrowed:
+                                        compared only, with the tag) */
 };
 
 /* ---- checks every entry point makes ---- */

@@ -603,9 +603,13 @@ loop_creates_futures(tl_state *st, PyObject *loop)
         if (s != 0)
             return s < 0 ? -1 : 0;
     }
+    /* What the loop's type was found to do is kept by the loop (its own
+     * thread's), as the type and its version tag then: a type changed
+     * since, or another type at that address, has another tag. */
+    LoopObject *lp = (LoopObject *)loop;
     PyTypeObject *tp = Py_TYPE(loop);
     unsigned int v = tl_type_version(tp);
-    if (v != 0 && (PyObject *)tp == st->s_loop_cf_type && v == st->s_loop_cf_tag)
+    if (v != 0 && tp == lp->streams_cf_type && v == lp->streams_cf_tag)
         return 1;
     PyObject *got = PyObject_GetAttr((PyObject *)tp, st->str_create_future);
     if (got == NULL)
@@ -613,8 +617,8 @@ loop_creates_futures(tl_state *st, PyObject *loop)
     int same = got == st->s_loop_cf;
     Py_DECREF(got);
     if (same) {
-        Py_XSETREF(st->s_loop_cf_type, Py_NewRef((PyObject *)tp));
-        st->s_loop_cf_tag = tl_type_version(tp);
+        lp->streams_cf_type = tp;
+        lp->streams_cf_tag = tl_type_version(tp);
     }
     return same;
 }
@@ -1647,7 +1651,7 @@ tl_streams_feed_app(LoopObject *loop, PyObject *protocol, const char *data, Py_s
 {
     tl_state *st = loop->state;
     PyObject *pd = NULL, *reader = NULL, *rd = NULL;
-    if (!st->streams_on || loop->debug || n == 0 ||
+    if (!TL_ATOMIC_GET(&st->streams_on) || loop->debug || n == 0 ||
         !Py_IS_TYPE(protocol, (PyTypeObject *)st->s_protocol_type))
         return 0;
     int rc = is_protocol(st, protocol);
@@ -1704,7 +1708,7 @@ tl_streams_adopt(LoopObject *loop, PyObject *protocol, PyObject **cproto)
     tl_state *st = loop->state;
     PyObject *pd = NULL, *reader = NULL, *rd = NULL;
     *cproto = NULL;
-    if (!st->streams_on || loop->debug)
+    if (!TL_ATOMIC_GET(&st->streams_on) || loop->debug)
         return 0;
     int rc = is_protocol(st, protocol);
     if (rc <= 0)
@@ -1880,7 +1884,6 @@ streams_setup(PyObject *module, PyObject *args)
     Py_XSETREF(st->s_fut_cancelled, fc);
     Py_XSETREF(st->s_fut_set_result, fs);
     Py_XSETREF(st->s_loop_cf, lc);
-    Py_CLEAR(st->s_loop_cf_type);
     Py_XSETREF(st->s_reader_type, Py_NewRef(rt));
     Py_XSETREF(st->s_protocol_type, Py_NewRef(pt));
     Py_XSETREF(st->s_writer_type, Py_NewRef(wt));
@@ -1894,7 +1897,7 @@ streams_setup(PyObject *module, PyObject *args)
     TL_ATOMIC_SET(&st->s_reader_tag, 0u);
     TL_ATOMIC_SET(&st->s_protocol_tag, 0u);
     TL_ATOMIC_SET(&st->s_writer_tag, 0u);
-    st->streams_on = on;
+    TL_ATOMIC_SET(&st->streams_on, on);
     Py_RETURN_NONE;
 }
 
@@ -1903,7 +1906,7 @@ static PyObject *
 streams_fast_path(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     tl_state *st = PyModule_GetState(module);
-    return PyBool_FromLong(st->streams_on);
+    return PyBool_FromLong(TL_ATOMIC_GET(&st->streams_on));
 }
 
 static PyObject *
@@ -1917,9 +1920,7 @@ set_streams_fast_path(PyObject *module, PyObject *arg)
         PyErr_SetString(PyExc_RuntimeError, "tideloop._streams has not set up the fast path");
         return NULL;
     }
-    int was = st->streams_on;
-    st->streams_on = on;
-    return PyBool_FromLong(was);
+    return PyBool_FromLong(__atomic_exchange_n(&st->streams_on, on, __ATOMIC_RELAXED));
 }
 
 /* streams_stats() -> dict of the counts (tests, diagnostics). */
