@@ -14,8 +14,10 @@ for the process; ``tideloop._core.set_streams_fast_path(False)`` for new
 connections from then on.
 """
 
+import asyncio.coroutines
 import asyncio.exceptions
 import asyncio.streams as _streams
+import inspect
 import os
 
 from . import _core
@@ -67,7 +69,11 @@ def _setup():
                          _streams.StreamWriter, *checks, originals,
                          asyncio.exceptions.IncompleteReadError,
                          asyncio.exceptions.LimitOverrunError,
-                         writer_init.__code__ if usable and writer_init else None)
+                         writer_init.__code__ if usable and writer_init else None,
+                         # what inspect.iscoroutinefunction() (3.12+) and
+                         # asyncio.iscoroutinefunction() (to 3.13) look for
+                         (getattr(inspect, "_is_coroutine_mark", None),
+                          getattr(asyncio.coroutines, "_is_coroutine", None)))
     return on
 
 

@@ -599,8 +599,18 @@ def test_a_replaced_feed_data_is_called(loop, streams_path, monkeypatch):
 
 
 def test_awaitables_act_as_coroutines(loop, streams_path):
+    import inspect
+
     async def main():
         reader, writer, peer = await stream_pair()
+        for fn in (reader.read, reader.readline, reader.readexactly, reader.readuntil,
+                   writer.drain):
+            assert inspect.iscoroutinefunction(fn) == (sys.version_info >= (3, 12)
+                                                       or streams_path != "c"), fn
+            if sys.version_info < (3, 14):        # deprecated from 3.14
+                assert asyncio.iscoroutinefunction(fn), fn
+        for fn in (writer.write, writer.writelines):
+            assert not inspect.iscoroutinefunction(fn)
         coro = reader.readline()
         assert asyncio.iscoroutine(coro)
         task = asyncio.create_task(coro)

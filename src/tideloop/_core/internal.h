@@ -240,6 +240,7 @@ enum {
     X(s_method_names)  /* the instance attribute per method kind */      \
     X(s_minus_one) X(s_newline)   /* read()'s and readuntil()'s defaults */ \
     X(s_take_bytes)    /* bytearray.take_bytes (3.15+), else NULL */      \
+    X(s_markers)       /* (inspect's coroutine mark, asyncio's) or Nones */ \
     X(s_fut_cancelled) X(s_fut_set_result)  /* asyncio.Future's methods */ \
     X(s_loop_cf)       /* the Loop type's create_future descriptor */
 

@@ -1527,6 +1527,35 @@ method_get_name(MethodObject *self, void *Py_UNUSED(c))
     return PyUnicode_FromString(strchr(kind_qualname[self->kind], '.') + 1);
 }
 
+/* The awaited ones answer inspect's and asyncio's "is it a coroutine
+ * function?" as asyncio's do (3.12+: inspect's marker; asyncio's own up
+ * to 3.13); write and writelines have no such attributes. */
+static PyObject *
+method_marker(MethodObject *self, int which)
+{
+    PyObject *m = NULL;
+    if (self->kind != K_WRITE && self->kind != K_WRITELINES)
+        m = PyTuple_GET_ITEM(self->state->s_markers, which);
+    if (m == NULL || m == Py_None) {
+        PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%s'",
+                     "tideloop.StreamMethod", which ? "_is_coroutine" : "_is_coroutine_marker");
+        return NULL;
+    }
+    return Py_NewRef(m);
+}
+
+static PyObject *
+method_get_inspect_marker(MethodObject *self, void *Py_UNUSED(c))
+{
+    return method_marker(self, 0);
+}
+
+static PyObject *
+method_get_asyncio_marker(MethodObject *self, void *Py_UNUSED(c))
+{
+    return method_marker(self, 1);
+}
+
 static PyObject *
 method_repr(MethodObject *self)
 {
@@ -1573,6 +1602,8 @@ static PyGetSetDef method_getset[] = {
     {"__func__", (getter)method_get_func, NULL, NULL, NULL},
     {"__qualname__", (getter)method_get_qualname, NULL, NULL, NULL},
     {"__name__", (getter)method_get_name, NULL, NULL, NULL},
+    {"_is_coroutine_marker", (getter)method_get_inspect_marker, NULL, NULL, NULL},
+    {"_is_coroutine", (getter)method_get_asyncio_marker, NULL, NULL, NULL},
     {NULL}
 };
 
@@ -1821,7 +1852,8 @@ done:
 
 /* _streams_setup(on, StreamReader, StreamReaderProtocol, StreamWriter,
  *                reader_check, protocol_check, writer_check, originals,
- *                IncompleteReadError, LimitOverrunError, writer_init_code)
+ *                IncompleteReadError, LimitOverrunError, writer_init_code,
+ *                (inspect's coroutine mark, asyncio's _is_coroutine))
  * The checks are ((name, function), ...); originals are asyncio's function
  * per method kind (read, readline, readexactly, readuntil, write,
  * writelines, drain). */
@@ -1830,12 +1862,16 @@ streams_setup(PyObject *module, PyObject *args)
 {
     tl_state *st = PyModule_GetState(module);
     int on;
-    PyObject *rt, *pt, *wt, *rc, *pc, *wc, *orig, *inc, *over, *init;
-    if (!PyArg_ParseTuple(args, "pO!O!O!O!O!O!O!OOO:_streams_setup", &on,
+    PyObject *rt, *pt, *wt, *rc, *pc, *wc, *orig, *inc, *over, *init, *marks;
+    if (!PyArg_ParseTuple(args, "pO!O!O!O!O!O!O!OOOO!:_streams_setup", &on,
                           &PyType_Type, &rt, &PyType_Type, &pt, &PyType_Type, &wt,
                           &PyTuple_Type, &rc, &PyTuple_Type, &pc, &PyTuple_Type, &wc,
-                          &PyTuple_Type, &orig, &inc, &over, &init))
+                          &PyTuple_Type, &orig, &inc, &over, &init, &PyTuple_Type, &marks))
         return NULL;
+    if (PyTuple_GET_SIZE(marks) != 2) {
+        PyErr_SetString(PyExc_TypeError, "_streams_setup: two markers");
+        return NULL;
+    }
     PyObject *checks[3] = {rc, pc, wc};
     for (int i = 0; i < 3; i++)
         for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(checks[i]); j++) {
@@ -1869,6 +1905,7 @@ streams_setup(PyObject *module, PyObject *args)
         return NULL;
     }
     Py_XSETREF(st->s_method_names, names);
+    Py_XSETREF(st->s_markers, Py_NewRef(marks));
     PyObject *take = PyObject_GetAttrString((PyObject *)&PyByteArray_Type, "take_bytes");
     if (take == NULL)
         PyErr_Clear();
