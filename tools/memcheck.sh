@@ -19,7 +19,7 @@ if [ $# -eq 0 ]; then
     set -- tests/loop/test_scheduling.py tests/loop/test_timers.py tests/loop/test_context_snapshots.py \
            tests/loop/test_readers_writers.py tests/net/test_tcp_transport.py tests/net/test_sock_ops.py \
            tests/net/test_udp.py tests/pipes/test_pipes.py tests/loop/test_stats.py tests/loop/test_lifecycle.py \
-           tests/net/test_tls.py tests/net/test_tls_close.py \
+           tests/net/test_tls.py tests/net/test_tls_close.py tests/net/test_streams_c.py \
            -k "tideloop and not accumulate and (not test_tls or echo_protocol or echo_buffered or many_writes or clean_close or test_abort or without_close_notify)"
     # (accumulate is a timing test; of the TLS tests, the engine's paths:
     # reads for Protocol and BufferedProtocol apps, writes, the closings)
