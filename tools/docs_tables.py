@@ -10,6 +10,7 @@ reads a file under results/.  Figures in the docs come from those files and
 nowhere else.
 """
 import argparse
+import glob
 import json
 import os
 import re
@@ -20,7 +21,14 @@ REPO = os.path.dirname(HERE)
 
 import matrix  # noqa: E402  (tools/matrix.py, beside this script: the table's one definition)
 
-DOCS = ["README.md", "bench/README.md"]
+FIXED_DOCS = ["README.md", "bench/README.md"]
+
+
+def docs_files(repo=REPO):
+    """README.md, bench/README.md and every page of the documentation site."""
+    pages = sorted(os.path.relpath(p, repo)
+                   for p in glob.glob(os.path.join(repo, "docs", "**", "*.md"), recursive=True))
+    return [rel for rel in FIXED_DOCS if os.path.exists(os.path.join(repo, rel))] + pages
 REGION = re.compile(r"(<!-- generated: (\w+)[^\n]*-->\n)(.*?)(<!-- end generated -->)", re.S)
 
 
@@ -149,8 +157,298 @@ def threads_table():
     return "\n".join(lines) + "\n\n" + "\n\n".join(notes) + "\n"
 
 
-GENERATORS = {"matrix": matrix_table, "worker_spread": worker_spread_table,
-              "threads": threads_table}
+# --- shared formatting -------------------------------------------------------
+
+LOOPS = ("asyncio", "uvloop", "tideloop")
+SHORT = {"asyncio": "aio", "uvloop": "uv", "tideloop": "tl", "c": "C", "blocking": "blk"}
+
+
+def sig(x):
+    """A figure to about three significant digits, thousands separated."""
+    if x is None:
+        return "-"
+    ax = abs(x)
+    if ax >= 100:
+        return f"{x:,.0f}"
+    if ax >= 10:
+        return f"{x:.1f}"
+    if ax >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3g}"
+
+
+def rate(x):
+    """A rate: 950, 31.0k, 2.35M."""
+    if x is None:
+        return "-"
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if x >= 1e3:
+        return f"{x / 1e3:.1f}k"
+    return f"{x:.0f}" if x >= 10 else f"{x:.2f}"
+
+
+def ratio(x):
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def table(header, rows, left=1):
+    """A markdown table; the first `left` columns are left-aligned."""
+    rule = ["|:---"] * left + ["|---:"] * (len(header) - left)
+    return "\n".join(["| " + " | ".join(header) + " |", "".join(rule) + "|"]
+                     + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
+
+
+def command(doc):
+    """The command that made a result file, as the docs spell the benchmarks."""
+    cmd = re.sub(r"^(PYTHONPATH=src )?\S*python3?(\.\d+)? ", "python ", doc["command"])
+    return re.sub(r"python bench/(\w+)\.py", r"python -m bench.\1", cmd)
+
+
+def environment(doc, *extra):
+    env = doc.get("environment", {})
+    loops = env.get("loops", {})
+    parts = [f"Python {env.get('python', '?')}", f"{env.get('cpus', '?')} CPUs"]
+    if "uvloop" in loops:
+        parts.append(loops["uvloop"])
+    return ", ".join(parts + list(extra))
+
+
+def footer(doc, name, *extra):
+    return (f"\n\n{environment(doc, *extra)}; `{command(doc)}` (`results/{name}`).")
+
+
+def targets(t):
+    if not t:
+        return "-"
+    return ", ".join(f"<={v:.2f}x {SHORT.get(k, 'C' if k == 'c_server' else k)}"
+                     for k, v in t.items())
+
+
+def loops_of(doc, key=None):
+    """The loops a benchmark's results have figures for, in the usual order."""
+    present = set()
+    for r in doc["results"]:
+        present.update(r[key] if key else r.get("cpu_us_per_req") or r.get("cpu_per_unit") or {})
+    return [loop for loop in LOOPS if loop in present]
+
+
+# --- the benchmarks ----------------------------------------------------------
+
+def micro_table():
+    """python -m tideloop bench: ns per operation, median of the runs."""
+    doc = _load("micro.json")
+    loops = loops_of(doc, "ns_per_op")
+    header = (["benchmark (ns/op, median)"] + loops
+              + ["tl/aio", "tl/uv", "target (tl/uv)", "result"])
+    rows = []
+    for r in doc["results"]:
+        ns = r["ns_per_op"]
+        t = r.get("target_vs_uvloop")
+        rows.append([r["label"]] + [sig(ns.get(lp)) if lp not in r.get("errors", {}) else "ERROR"
+                                    for lp in loops]
+                    + [ratio(r.get("ratio_vs_asyncio")), ratio(r.get("ratio_vs_uvloop")),
+                       "-" if t is None else f"<={t:.2f}x", r.get("verdict", "-")])
+    return table(header, rows) + footer(doc, "micro.json", f"median of {doc['repeat']}")
+
+
+def _net(name):
+    doc = _load(name)
+    loops = loops_of(doc) + ["c"]
+    header = (["kind", "size", "conns"] + [f"{SHORT[lp]} rps" for lp in loops]
+              + [f"{SHORT[lp]} µs/req" for lp in loops]
+              + ["tl/aio", "tl/uv", "tl/C", "target (CPU/req)", "result"])
+    rows = []
+    for r in doc["results"]:
+        size = r["size"]
+        size = f"{size // 1024} KiB" if size >= 1024 else f"{size} B"
+        rows.append([r["kind"], size, r["conns"]]
+                    + [rate(r["rps"].get(lp)) for lp in loops]
+                    + [sig(r["cpu_us_per_req"].get(lp)) for lp in loops]
+                    + [ratio(r.get("tl_vs_asyncio")), ratio(r.get("tl_vs_uvloop")),
+                       ratio(r.get("tl_vs_c")), targets(r.get("targets")),
+                       r.get("verdict", "-")])
+    return table(header, rows, left=1) + footer(
+        doc, name, f"median of {doc['repeat']} interleaved {doc['duration_s']:g} s runs")
+
+
+
+
+def io_table():
+    """python -m bench.io: the loop process's CPU per unit (blk: no loop at all)."""
+    doc = _load("io.json")
+    loops = loops_of(doc)
+    cols = loops + ["blocking"]
+    header = (["workload", "size"] + [f"{SHORT[lp]} rate" for lp in loops]
+              + [f"{SHORT[lp]} CPU" for lp in cols] + ["CPU per", "tl/uv", "tl/aio", "result"])
+    names = {"udp": "UDP echo", "spawn": "spawn + wait `/bin/true`",
+             "spawn_pipe": "spawn + communicate `echo`", "pipe_read": "read from a pipe",
+             "pipe_write": "write into a pipe"}
+    rows = []
+    for r in doc["results"]:
+        unit = r["unit"]
+        rows.append([names.get(r["workload"], r["workload"]), r["label"]]
+                    + [rate(r["rate"].get(lp)) + f" {unit}/s" for lp in loops]
+                    + [sig(r["cpu_per_unit"].get(lp)) for lp in cols]
+                    + [r["cpu_unit"], ratio(r.get("tl_vs_uvloop")), ratio(r.get("tl_vs_asyncio")),
+                       r.get("verdict", "-")])
+    t = doc["targets"]
+    return table(header, rows, left=2) + footer(
+        doc, "io.json", f"median of {doc['repeat']} interleaved runs",
+        f"targets <={t['uvloop']}x uvloop and <={t['asyncio']}x asyncio")
+
+
+def apps_table():
+    """python -m bench.apps: each framework's process CPU per operation."""
+    doc = _load("apps.json")
+    loops = loops_of(doc)
+    header = (["row", "what", "op"] + [f"{SHORT[lp]} ops/s" for lp in loops]
+              + [f"{SHORT[lp]} µs/op" for lp in loops]
+              + ["tl/aio", "tl/uv", "target (CPU/op)", "result"])
+    rows = [[r["kind"], r["label"], r["op"]] + [rate(r["rps"].get(lp)) for lp in loops]
+            + [sig(r["cpu_us_per_req"].get(lp)) for lp in loops]
+            + [ratio(r.get("tl_vs_asyncio")), ratio(r.get("tl_vs_uvloop")),
+               targets(r.get("targets")), r.get("verdict", "-")]
+            for r in doc["results"]]
+    fw = doc["environment"].get("frameworks", {})
+    versions = ", ".join(f"{k} {v}" for k, v in fw.items() if v)
+    return table(header, rows, left=3) + footer(doc, "apps.json", f"median of {doc['repeat']}",
+                                                versions)
+
+
+def apps_callgrind_table():
+    """bench.apps_callgrind: user-space instructions per operation, by ELF object kind."""
+    doc = _load("apps-callgrind.json")
+    cats = ("loop", "interpreter", "framework", "libc", "other")
+    header = (["row", "profiled as", "loop", "ops", "instr/op"] + [f"{c} /op" for c in cats]
+              + ["loop share", "kernel share (timing)"])
+    rows = []
+    for r in doc["rows"]:
+        for lp, x in r["loops"].items():
+            share = x["categories"]["loop"] / x["ir_per_op"] if x["ir_per_op"] else 0
+            ks = (r.get("kernel_share") or {}).get(lp)
+            rows.append([r["row"], r["profiled_as"], lp, f"{x['ops']:,}", sig(x["ir_per_op"])]
+                        + [sig(x["categories"].get(c)) for c in cats]
+                        + [f"{share:.1%}", "-" if ks is None else f"{ks:.0%}"])
+    verdicts = "\n".join(f"- {r['comparison']['verdict']}" for r in doc["rows"]
+                         if r.get("comparison"))
+    return (table(header, rows, left=3) + "\n\n" + verdicts
+            + f"\n\n`{command(doc)}` (`results/apps-callgrind.json`).")
+
+
+TLS_SERVERS = {"asyncio": "asyncio", "uvloop": "uvloop", "tideloop": "tideloop",
+               "c": "C OpenSSL server (floor)"}
+TLS_GROUPS = ("libcrypto", "libssl", "_ssl", "loop", "python", "libc")
+
+
+def tls_instr_table():
+    """bench.tls_instr: callgrind (and strace) per request, per server and interpreter."""
+    lines = []
+    for name in ("tls-instr.json", "tls-instr-3.14.json", "tls-instr-handshake.json"):
+        doc = _load(name)
+        what = ("a full TLS 1.3 handshake and one echo per connection" if "handshake" in name
+                else f"TLS echo of {doc['size']} B over {doc['conns']} connections")
+        res = doc["results"]
+        tl = res.get("tideloop", {}).get("callgrind", {}).get("ir_per_request")
+        rows = []
+        for srv, label in TLS_SERVERS.items():
+            cg = (res.get(srv) or {}).get("callgrind")
+            if not cg:
+                continue
+            ir = cg["ir_per_request"]
+            st = (res[srv].get("strace") or {}).get("syscalls_per_request")
+            rows.append([label, sig(ir), "-" if srv == "tideloop" or not tl else ratio(tl / ir)]
+                        + [sig(cg["groups"].get(g)) for g in TLS_GROUPS]
+                        + ["-" if st is None else f"{st:.2f}"])
+        header = (["server", "instructions / request", "tideloop / it"] + list(TLS_GROUPS)
+                  + ["syscalls / request"])
+        py = doc["loops"]["asyncio"].split("(CPython ")[-1].rstrip(")")
+        lines.append(f"**{what}**, CPython {py}:\n\n" + table(header, rows)
+                     + f"\n\n`{command(doc)}` (`results/{name}`).")
+    return "\n\n".join(lines)
+
+
+def diag_overhead_table():
+    """bench.diag_overhead: what each diagnostics feature costs, in instructions."""
+    doc = _load("diag-overhead.json")
+    labels = {"base": "before the diagnostics",
+              "always-on": "always on (counters, histograms): everything optional off",
+              "timing": "+ callback timing", "tasks": "+ per-task accounting",
+              "all": "all on: timing, slow-callback reports, stall watchdog, tasks"}
+    res = doc["results"]
+    base = res["base"]
+    rows = []
+    for key, label in labels.items():
+        r = res.get(key)
+        if r is None:
+            continue
+        rel = [("-" if key == "base" else f"{(r[k] / base[k] - 1) * 100:+.1f} %")
+               for k in ("call_soon", "echo")]
+        rows.append([label, sig(r["call_soon"]), rel[0], sig(r["echo"]), rel[1]])
+    header = ["what is on", "call_soon + run (instructions)", "vs before",
+              "Protocol echo (instructions / request)", "vs before"]
+    thread = " (every process starts one idle thread first)" if doc.get("idle_thread") else ""
+    return (table(header, rows) + f"\n\nPython {doc['python'].split()[0]}{thread}; "
+            f"`python -m bench.diag_overhead --base {doc['base']}` (`results/diag-overhead.json`).")
+
+
+def _suites(name):
+    doc = _load(name)
+
+    def ppp(side):
+        return f"{side['passed']:,}/{side['failed']:,}/{side['skipped']:,}"
+
+    rows = []
+    for suite, s in doc["suites"].items():
+        flaky = ", ".join(f"`{t.rsplit('::', 1)[-1]}`" for t in s.get("flaky", [])) or "-"
+        regr = len(s["regressions"]["listed"]) + len(s["regressions"]["unlisted"])
+        rows.append([f"{suite} {s['version']}", ppp(s["stock"]), ppp(s["tideloop"]), regr,
+                     flaky, f"{s['seconds']:.0f}"])
+    header = ["suite", "stock passed/failed/skipped", "tideloop passed/failed/skipped",
+              "regressions", "flaky on tideloop (passed when run again)", "s"]
+    verdict = "PASS" if doc["ok"] else "FAIL"
+    return (table(header, rows) + f"\n\nPython {doc['python']}, {doc['mode']} mode: {verdict}, "
+            f"{doc['seconds']:.0f} s in all (`results/{name}`).")
+
+
+
+
+def instructions_table():
+    """tools/instructions.py: the committed baseline and its history."""
+    base = _load("instructions.json")
+    hist = _load("instructions-history.json")
+    names = list(base["figures"])
+    for c in hist["commits"]:
+        names += [n for n in c["figures"] if n not in names]
+    rows = [["baseline (`results/instructions.json`)"]
+            + [sig(base["figures"].get(n)) for n in names]]
+    rows += [[f"`{c['commit'][:7]}`"] + [sig(c["figures"].get(n)) for n in names]
+             for c in hist["commits"]]
+    return (table(["tree"] + [f"`{n}`" for n in names], rows)
+            + f"\n\n{base['unit']}, Python {base['python']}.")
+
+
+def core_map():
+    """The C core's map, src/tideloop/_core/README.md, without its title."""
+    with open(os.path.join(REPO, "src", "tideloop", "_core", "README.md")) as f:
+        text = f.read()
+    body = text.split("\n", 1)[1] if text.startswith("# ") else text
+    # a sentence naming a maintainer-only checker is left out of the user docs
+    body = re.sub(r"\s*`farm-studio[^.]*\.", "", body)
+    return re.sub(r"^#", "##", body.strip("\n"), flags=re.M)
+
+
+GENERATORS = {
+    "matrix": matrix_table, "worker_spread": worker_spread_table, "threads": threads_table,
+    "micro": micro_table, "io": io_table, "apps": apps_table,
+    "net": lambda: _net("net.json"),                                # python -m bench.net
+    "net_tls": lambda: _net("net-tls.json"),                        # python -m bench.net --tls
+    "apps_callgrind": apps_callgrind_table, "tls_instr": tls_instr_table,
+    "diag_overhead": diag_overhead_table, "instructions": instructions_table,
+    "suites": lambda: _suites("ecosystem-suites.json"),             # the quick selection (CI)
+    "suites_full": lambda: _suites("ecosystem-suites-full.json"),   # --full
+    "core_map": core_map,
+}
 
 
 def render(text):
@@ -167,7 +465,7 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if out of date")
     args = ap.parse_args(argv)
     stale = []
-    for rel in DOCS:
+    for rel in docs_files():
         path = os.path.join(REPO, rel)
         with open(path) as f:
             text = f.read()
