@@ -41,7 +41,7 @@ def matrix_table():
     return matrix.markdown_report(_load("matrix.json"))
 
 
-SPREAD_VARIANTS = {   # bench/worker_spread.py's variant: (the README's name, its socket(s))
+SPREAD_VARIANTS = {   # bench/worker_spread.py's variant: (its name in the docs, its socket(s))
     "uvicorn-worker": ("`uvicorn_worker.UvicornWorker` (uvloop; the baseline)",
                        "the arbiter's, shared"),
     "uvicorn-worker+reuse-port": ("`uvicorn_worker.UvicornWorker`, `--reuse-port`",
