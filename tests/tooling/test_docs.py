@@ -213,3 +213,11 @@ def test_readme_shell_command_runs(cmd):
     if "-m tideloop run" in cmd:
         assert "tideloop" in p.stdout, p.stdout
 
+
+def test_ci_installs_the_docs_extras_mkdocs():
+    import tomllib
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["docs"]
+    ci = read(".ci/run")
+    assert any(f'pip install -q "{req}"' in ci or "[docs]" in ci for req in extra), extra
+    assert "mkdocs build --strict" in ci
