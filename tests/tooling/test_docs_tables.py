@@ -33,3 +33,58 @@ def test_a_stale_table_is_found_and_rewritten(tmp_path):
     assert (tmp_path / "README.md").read_text() == stale      # --check changes nothing
     assert run(cwd=tmp_path).returncode == 0
     assert (tmp_path / "README.md").read_text() == readme
+
+
+def copy_tree_for_tables(tmp_path):
+    """What tools/docs_tables.py reads and writes, copied under tmp_path."""
+    for d in ("tools", "results", "docs"):
+        shutil.copytree(os.path.join(REPO, d), tmp_path / d)
+    (tmp_path / "bench").mkdir()
+    shutil.copy(os.path.join(REPO, "bench", "README.md"), tmp_path / "bench")
+    shutil.copy(os.path.join(REPO, "README.md"), tmp_path)
+    core = tmp_path / "src" / "tideloop" / "_core"
+    core.mkdir(parents=True)
+    shutil.copy(os.path.join(REPO, "src", "tideloop", "_core", "README.md"), core)
+
+
+def test_a_changed_result_file_makes_the_docs_stale(tmp_path):
+    """The figures in README.md and docs/ are the result files' own: change
+    one figure in results/micro.json and both go out of date; the script
+    rewrites them with the new figure."""
+    import json
+    copy_tree_for_tables(tmp_path)
+    path = tmp_path / "results" / "micro.json"
+    doc = json.loads(path.read_text())
+    doc["results"][0]["ns_per_op"]["asyncio"] = 123456.0
+    path.write_text(json.dumps(doc))
+    p = run("--check", cwd=tmp_path)
+    assert p.returncode == 1
+    assert "README.md" in p.stderr and "docs/benchmarks.md" in p.stderr
+    assert run(cwd=tmp_path).returncode == 0
+    for rel in ("README.md", "docs/benchmarks.md"):
+        assert "| 123,456 |" in (tmp_path / rel).read_text()
+
+
+def test_a_stale_docs_page_is_found(tmp_path):
+    copy_tree_for_tables(tmp_path)
+    page = tmp_path / "docs" / "design.md"
+    text = page.read_text()
+    page.write_text(text.replace("| `loop.c` |", "| `loop.c` (stale) |"))
+    p = run("--check", cwd=tmp_path)
+    assert p.returncode == 1 and "docs/design.md" in p.stderr
+    assert run(cwd=tmp_path).returncode == 0
+    assert page.read_text() == text      # the core's map, from src/tideloop/_core/README.md
+
+
+def test_every_generator_fills_a_region_and_every_region_has_one():
+    import re
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    try:
+        import docs_tables
+    finally:
+        sys.path.remove(os.path.join(REPO, "tools"))
+    used = set()
+    for rel in docs_tables.docs_files():
+        with open(os.path.join(REPO, rel)) as f:
+            used |= set(re.findall(r"<!-- generated: (\w+)", f.read()))
+    assert used == set(docs_tables.GENERATORS)
