@@ -59,6 +59,22 @@ def test_figures_are_generated_not_typed(rel):
     assert not found, f"hand-typed figures in {rel}: {found}"
 
 
+def test_readme_links_point_to_files_and_headings_that_exist():
+    """README.md is read outside the site (GitHub, PyPI's sdist): its
+    relative links are checked here, the site's by mkdocs --strict."""
+    def slug(heading):
+        return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+    for target in re.findall(r"\]\(([^)\s]+)\)", read("README.md")):
+        if re.match(r"\w+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        assert os.path.exists(os.path.join(REPO, path)), target
+        if anchor and path.endswith(".md"):
+            headings = re.findall(r"(?m)^#+ (.*)$", read(path))
+            assert anchor in {slug(h) for h in headings}, target
+
+
 def test_the_test_command_is_what_ci_runs():
     """The README's test command: the suite and the conformance runner as
     .ci/run runs them (its own options besides)."""
