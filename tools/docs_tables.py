@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Fill the generated regions of the documentation from the result files.
 
+The documentation is README.md, bench/README.md and every page of the
+MkDocs site (docs/*.md).
+
     python tools/docs_tables.py            # rewrite every generated region
     python tools/docs_tables.py --check    # exit 1 if one is out of date
 
