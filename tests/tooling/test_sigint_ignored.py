@@ -7,6 +7,7 @@ exec; the tests that Ctrl-C a child give it back the default
 child pytest that starts with SIGINT ignored.  (CI runs the whole 3.11
 suite that way too: .ci/run.)
 """
+import json
 import signal
 import subprocess
 import sys
@@ -42,3 +43,22 @@ def test_sigint_tests_pass_with_sigint_ignored():
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert summary.startswith(f"{2 * len(SUBSET)} passed"), out.stdout[-3000:]
 
+
+def test_conformance_runner_children_get_sigint(tmp_path):
+    """CPython's test_runners interrupts itself (_thread.interrupt_main(),
+    which does nothing for an ignored SIGINT): with the runner's children
+    ignoring SIGINT, three of its tests spun until the per-test watchdog."""
+    report = tmp_path / "report.json"
+    env = child_env({"TMPDIR": str(tmp_path)})
+    out = subprocess.run([sys.executable, str(REPO / "tests" / "conformance" / "run.py"),
+                          "--loop", "both", "--modules", "test_runners",
+                          "--test-timeout", "2", "--json", str(report)],
+                         capture_output=True, text=True, timeout=25, cwd=REPO, env=env,
+                         stdin=subprocess.DEVNULL, preexec_fn=_ignore_sigint)
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(report.read_text())
+    for side in ("stock", "tideloop"):
+        info = doc["modules"]["test_runners"][side]
+        assert info["crashes"] == [], (side, info["crashes"])
+        counts = info["counts"]
+        assert counts["passed"] >= 20 and counts["failed"] == counts["errors"] == 0, (side, counts)
