@@ -29,6 +29,44 @@ def test_call_later_non_number_delay(loop, delay):
         loop.call_later(delay, noop)
 
 
+NON_NUMBERS = ["soon", b"1", [1], (), object(), 1j, noop]
+
+
+def _type_name(value):
+    return type(value).__name__
+
+
+@pytest.mark.parametrize("when", NON_NUMBERS, ids=_type_name)
+def test_call_at_non_number_when_is_a_type_error(loop_name, loop, when):
+    """A TypeError on both loops: tideloop refuses at once and says what
+    ``when`` must be; the stock loop takes it and fails in the run that
+    meets it (comparing it with the clock or in the timer heap)."""
+    with pytest.raises(TypeError) as info:
+        loop.call_at(when, noop)
+        loop.call_soon(loop.stop)
+        loop.run_forever()
+    if loop_name == "tideloop":
+        assert str(info.value) == f"when must be a real number, not {_type_name(when)}"
+
+
+@pytest.mark.parametrize("delay", NON_NUMBERS, ids=_type_name)
+def test_call_later_non_number_delay_message(loop_name, loop, delay):
+    """Both loops compute time() + delay: what that raises, they raise at
+    once; a sum that is no real number (a complex) is a ``when`` as above."""
+    try:
+        loop.time() + delay
+    except TypeError as exc:
+        expected = str(exc)
+    else:
+        expected = f"when must be a real number, not {_type_name(loop.time() + delay)}"
+    with pytest.raises(TypeError) as info:
+        loop.call_later(delay, noop)
+        loop.call_soon(loop.stop)
+        loop.run_forever()
+    if loop_name == "tideloop" or expected.startswith("unsupported operand"):
+        assert str(info.value) == expected
+
+
 def test_negative_delay_runs_in_first_iteration(loop):
     out = []
     h = loop.call_later(-5, out.append, "neg")
