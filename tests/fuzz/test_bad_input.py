@@ -1,6 +1,7 @@
 """Bad arguments and calls on closed loops."""
 import asyncio
 import math
+import socket
 import sys
 import time
 
@@ -65,6 +66,38 @@ def test_call_later_non_number_delay_message(loop_name, loop, delay):
         loop.run_forever()
     if loop_name == "tideloop" or expected.startswith("unsupported operand"):
         assert str(info.value) == expected
+
+
+BAD_RECV_BUFFERS = [b"xxxx", "str", 5, None, memoryview(b"read-only"),
+                    memoryview(bytearray(8))[::2]]
+
+
+def _sock_recv_into_error(lp, buf):
+    """(type, str) of what sock_recv_into(sock, buf) raises on lp."""
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    try:
+        lp.run_until_complete(lp.sock_recv_into(a, buf))
+    except Exception as exc:
+        return type(exc), str(exc)
+    finally:
+        a.close()
+        b.close()
+    return None
+
+
+@pytest.mark.parametrize("buf", BAD_RECV_BUFFERS,
+                         ids=["bytes", "str", "int", "None", "read-only", "strided"])
+def test_sock_recv_into_bad_buffer_error_like_stock(loop, buf):
+    """The stock loop's error is socket.recv_into()'s, whose wording differs
+    between versions: the same type and message, word for word."""
+    stock = asyncio.SelectorEventLoop()
+    try:
+        expected = _sock_recv_into_error(stock, buf)
+    finally:
+        stock.close()
+    assert expected is not None and expected[0] is TypeError, expected
+    assert _sock_recv_into_error(loop, buf) == expected
 
 
 def test_negative_delay_runs_in_first_iteration(loop):
