@@ -36,6 +36,10 @@ sockets, os_helper.TESTFN after a crash) goes too.
 --jobs N runs N (module, loop) pairs at a time (CI: 3), each child in a
 temporary directory of its own; the report is the same as one after the other.
 
+The children start with SIGINT's default disposition even when the runner
+ignores SIGINT (a background job, many CI runners): CPython's tests interrupt
+themselves and wait for the KeyboardInterrupt.
+
 --loop all (or a list such as stock,tideloop,uvloop) adds a uvloop side,
 patched exactly like the tideloop side but with uvloop.Loop (--uvloop-factory),
 for comparison: the table gets uvloop columns and "uv regr" (passes on stock,
