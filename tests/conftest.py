@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from loop_helpers import child_env
+from loop_helpers import child_env, sigint_default
 
 LOOP_NAMES = ["asyncio", "tideloop"]
 SRC_DIR = Path(__file__).resolve().parents[1] / "src"
@@ -206,7 +206,9 @@ def new_loop():
 @pytest.fixture
 def run_script(loop_name):
     """Run a snippet in a fresh interpreter; ``new_loop()`` and ``LOOP_NAME``
-    are predefined for the current param.  Returns CompletedProcess."""
+    are predefined for the current param.  Returns CompletedProcess.
+    The child starts with SIGINT's default disposition (so KeyboardInterrupt
+    as usual), even when this run ignores SIGINT."""
 
     def _run(code, *, timeout=30, env=None, pyflags=()):
         src = _PREAMBLE + textwrap.dedent(code)
@@ -216,6 +218,7 @@ def run_script(loop_name):
             text=True,
             timeout=timeout,
             env=child_env(env),
+            preexec_fn=sigint_default,
         )
 
     return _run

@@ -1,6 +1,7 @@
 """Small helpers shared by the behavioural tests (import as loop_helpers)."""
 import os
 import re
+import signal
 from pathlib import Path
 
 SRC_DIR = Path(__file__).resolve().parents[1] / "src"
@@ -32,6 +33,17 @@ def _tideloop_root():
     if spec is not None and spec.origin:
         return Path(spec.origin).resolve().parents[1]
     return SRC_DIR
+
+
+def sigint_default():
+    """``preexec_fn`` for a child that must get SIGINT (a test's Ctrl-C,
+    ``send_signal(SIGINT)``): SIGINT's default disposition in the child.
+
+    A run with SIGINT ignored (any background job of a non-interactive shell,
+    many CI runners) hands that on to every child, through exec: the child
+    would ignore the signal its test sends, and a Python child would not even
+    install its KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def child_env(extra=None):

@@ -11,6 +11,8 @@ lives in the C extension ``tideloop._core``.  This module is the thin public
 layer: once-per-run orchestration that asyncio already defines.
 """
 
+from . import _build_check  # noqa: F401  (first: an unbuilt checkout says so)
+
 import asyncio
 import collections.abc
 import errno

@@ -36,6 +36,10 @@ sockets, os_helper.TESTFN after a crash) goes too.
 --jobs N runs N (module, loop) pairs at a time (CI: 3), each child in a
 temporary directory of its own; the report is the same as one after the other.
 
+The children start with SIGINT's default disposition even when the runner
+ignores SIGINT (a background job, many CI runners): CPython's tests interrupt
+themselves and wait for the KeyboardInterrupt.
+
 --loop all (or a list such as stock,tideloop,uvloop) adds a uvloop side,
 patched exactly like the tideloop side but with uvloop.Loop (--uvloop-factory),
 for comparison: the table gets uvloop columns and "uv regr" (passes on stock,
@@ -166,6 +170,17 @@ def remove_tree(path):
     return not os.path.lexists(path)
 
 
+def sigint_default():
+    """preexec_fn of the children: SIGINT's default disposition.  A run with
+    SIGINT ignored (a background job of a non-interactive shell, many
+    CI runners) would hand that on through exec, and the child's interpreter
+    would then install no KeyboardInterrupt handler: test_runners' tests that
+    interrupt themselves (_thread.interrupt_main(), which does nothing for an
+    ignored SIGINT) would spin in their loop until the watchdog, one after
+    the other."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def kill_group(pid):
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -267,7 +282,8 @@ def run_side(module, side, args, workdir, child_tmp=None):
                 proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL,
                                         env=child_env(child_tmp),
-                                        cwd=child_tmp, start_new_session=True)
+                                        cwd=child_tmp, start_new_session=True,
+                                        preexec_fn=sigint_default)
                 _live.add(proc)
             try:
                 rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))

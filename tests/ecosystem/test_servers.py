@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from loop_helpers import child_env
+from loop_helpers import child_env, sigint_default
 
 APPS = Path(__file__).resolve().parent / "apps"
 READY_TIMEOUT = 20      # until a started server answers
@@ -112,9 +112,10 @@ def server(tmp_path, args, port):
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:
         # A session of its own: gunicorn's workers go with the master.
+        # SIGINT's default disposition: the tests stop servers with it.
         proc = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=APPS, env=env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=sigint_default)
     try:
         yield Server(proc, log_path, port)
     finally:

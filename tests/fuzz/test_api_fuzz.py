@@ -7,6 +7,7 @@ TIDELOOP_FUZZ_EXAMPLES sets the number of examples (CI: the default 60).
 """
 import asyncio
 import math
+import numbers
 import os
 import socket
 
@@ -103,6 +104,31 @@ def test_loop_methods_with_bad_input(name, args, kw, closed):
             except ACCEPTABLE:
                 pass
             loop.close()
+
+
+def _timer_outcome(factory, method, when):
+    """The exception type that scheduling a timer at/after ``when`` and
+    running one iteration raises (None if none): tideloop may raise at
+    scheduling, the stock loop in the run, when the heap or the clock meets
+    ``when``; the type must agree."""
+    loop = factory()
+    try:
+        getattr(loop, method)(when, _noop)
+        loop.call_soon(loop.stop)
+        loop.run_forever()
+    except Exception as exc:
+        return type(exc)
+    finally:
+        loop.close()
+    return None
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(method=st.sampled_from(["call_at", "call_later"]),
+       when=WEIRD.filter(lambda v: not isinstance(v, numbers.Real)))
+def test_timers_with_non_numbers_fail_alike(method, when):
+    outcomes = {name: _timer_outcome(factory, method, when) for name, factory in _loops()}
+    assert outcomes["tideloop"] == outcomes["asyncio"] == TypeError, outcomes
 
 
 @settings(max_examples=EXAMPLES, deadline=None)

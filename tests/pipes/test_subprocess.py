@@ -24,6 +24,7 @@ import warnings
 
 import pytest
 
+from loop_helpers import sigint_default
 from net_helpers import arun, fd_leak_check, open_fds, raise_nofile, wait, wait_until
 
 PY = [sys.executable, "-I", "-S", "-c"]
@@ -378,8 +379,11 @@ def test_transport_kill_terminate_send_signal(loop):
     async def main():
         for meth, sig in (("kill", signal.SIGKILL), ("terminate", signal.SIGTERM),
                           ("send_signal", signal.SIGINT)):
+            # (sh cannot undo a SIGINT ignored on entry: the child starts
+            # with the default, whatever this run has)
             tr, p = await loop.subprocess_exec(
-                lambda: SubRecorder(loop), SH, "-c", "echo go; exec sleep 10", stdout=PIPE)
+                lambda: SubRecorder(loop), SH, "-c", "echo go; exec sleep 10", stdout=PIPE,
+                preexec_fn=sigint_default)
             await wait_until(lambda: bytes(p.data[1]) == b"go\n")
             if meth == "send_signal":
                 tr.send_signal(sig)

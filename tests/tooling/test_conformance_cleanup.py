@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from loop_helpers import child_env
+from loop_helpers import child_env, sigint_default
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = REPO / "tests" / "conformance" / "run.py"
@@ -144,7 +144,8 @@ def test_interrupted_run_leaves_nothing(sandbox, signum, jobs):
                              "--loop", "tideloop", "--jobs", jobs,
                              "--loop-factory", "misbehaving_loops:HangingLoop"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True, cwd=REPO)
+                            stdin=subprocess.DEVNULL, text=True, cwd=REPO,
+                            preexec_fn=sigint_default)     # Ctrl-C reaches it
     try:
         deadline = time.monotonic() + TIMEOUT - 5
         while len(list(markers.glob("hanging-child.*[0-9]"))) < int(jobs):

@@ -860,10 +860,11 @@ number_to_double(PyObject *o, double *out)
         *out = PyFloat_AS_DOUBLE(o);
         return 0;
     }
+    /* The stock loop takes any `when` and fails later, comparing it in the
+     * timer heap or with time() (a TypeError too): say what is wrong now. */
     if (!PyNumber_Check(o) || PyComplex_Check(o)) {
-        PyErr_Format(PyExc_TypeError,
-                     "'<' not supported between instances of '%.200s' and "
-                     "'float'", Py_TYPE(o)->tp_name);
+        PyErr_Format(PyExc_TypeError, "when must be a real number, not %.200s",
+                     Py_TYPE(o)->tp_name);
         return -1;
     }
     *out = PyFloat_AsDouble(o);

@@ -88,15 +88,43 @@ tl_sock_info(tl_state *st, PyObject *sock, int *fd, int *family, int *type,
     return 0;
 }
 
+/* The error socket.recv_into(buf) raises on this interpreter, word for word
+ * (the stock loop calls it; its wording differs between versions): it comes
+ * from the argument parsing, asked of a socket object that has no fd (made
+ * by __new__ alone), so that nothing could be read even if buf were taken.
+ * Any other outcome leaves a message in the older versions' wording. */
+static void
+set_recv_into_buffer_error(PyObject *buf)
+{
+    PyObject *mod = PyImport_ImportModule("_socket");
+    if (mod == NULL)
+        return;
+    PyObject *type = PyObject_GetAttrString(mod, "socket");
+    Py_DECREF(mod);
+    if (type == NULL)
+        return;
+    PyObject *probe = PyObject_CallMethod(type, "__new__", "O", type);
+    Py_DECREF(type);
+    if (probe == NULL)
+        return;
+    PyObject *r = PyObject_CallMethod(probe, "recv_into", "O", buf);
+    Py_DECREF(probe);
+    if (r == NULL && !PyErr_ExceptionMatches(PyExc_OSError))
+        return;                 /* the TypeError (or whatever stopped it) */
+    Py_XDECREF(r);
+    PyErr_Clear();
+    PyErr_Format(PyExc_TypeError,
+                 "recv_into() argument 1 must be read-write bytes-like "
+                 "object, not %.50s",
+                 buf == Py_None ? "None" : Py_TYPE(buf)->tp_name);
+}
+
 int
 tl_recv_into_buffer(PyObject *buf, Py_buffer *view)
 {
     if (PyObject_GetBuffer(buf, view, PyBUF_WRITABLE) == 0)
         return 0;
-    /* Word it as socket.recv_into() would. */
     PyErr_Clear();
-    PyErr_Format(PyExc_TypeError,
-                 "recv_into() argument 'buffer' must be read-write "
-                 "bytes-like object, not %.50s", Py_TYPE(buf)->tp_name);
+    set_recv_into_buffer_error(buf);
     return -1;
 }
