@@ -51,8 +51,6 @@ ERROR and makes the exit status 1 (a slow figure does not, unless
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import platform
@@ -65,13 +63,14 @@ import tempfile
 import time
 import urllib.request
 
-from _harness import harness, procs, package as bench_package
+from bench import plot, procs
+from tideloop._bench import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SRC = os.path.join(ROOT, "src")
 TOOLS = os.path.join(ROOT, "tools")
-WORKER_PY = os.path.join(HERE, "apps_worker.py")
+WORKER_PY = ["-m", "bench.apps_worker"]   # run from the checkout's root (cwd=ROOT)
 ENSURE_DEBIAN = os.path.join(TOOLS, "ensure_debian_package.sh")
 
 FORMAT = "tideloop-appbench/1"
@@ -130,12 +129,12 @@ ROWS = [
         HTTP_CONNS, path="/json", server="uvicorn"),
     Row("gunicorn-uvicorn", "gunicorn", "req",
         ("gunicorn", "uvicorn_worker", "uvicorn", "starlette"), _HTTP, TEXT_BODY, HTTP_CONNS,
-        app="apps_app:asgi_app",
-        workers={"asyncio": "apps_app.AsyncioUvicornWorker",
+        app="bench.apps_app:asgi_app",
+        workers={"asyncio": "bench.apps_app.AsyncioUvicornWorker",
                  "uvloop": "uvicorn_worker.UvicornWorker",
                  "tideloop": "tideloop.workers.UvicornWorker"}),
     Row("gunicorn-aiohttp", "gunicorn", "req", ("gunicorn", "aiohttp"), _HTTP, TEXT_BODY,
-        HTTP_CONNS, app="apps_app:make_aiohttp_app",
+        HTTP_CONNS, app="bench.apps_app:make_aiohttp_app",
         workers={"asyncio": "aiohttp.GunicornWebWorker",
                  "uvloop": "aiohttp.GunicornUVLoopWebWorker",
                  "tideloop": "tideloop.workers.AiohttpWorker"}),
@@ -557,7 +556,7 @@ def measure_http(cfg, row, pids, port, script, check_pids=None):
 
 
 def worker_command(cfg, loop, row, count=None, services=None, window=False):
-    cmd = [cfg.python, WORKER_PY, "--loop", loop]
+    cmd = [cfg.python, *WORKER_PY, "--loop", loop]
     if row.how == "server":
         return cmd + ["--kind", row.params["server"], "--port", "0"]
     cmd += ["--kind", row.name, "--count", str(count), "--concurrency", str(row.conns)]
@@ -638,7 +637,7 @@ def run_gunicorn(cfg, loop, row, workdir, script):
     errlog = os.path.join(workdir, "gunicorn.err")
     port = free_port()
     env = dict(cfg.env)
-    env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in env.get("PYTHONPATH", "").split(
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(
         os.pathsep) if p])
     with open(errlog, "wb") as err:
         proc = subprocess.Popen(gunicorn_command(cfg, loop, row, port), stdin=subprocess.DEVNULL,
@@ -796,7 +795,7 @@ def format_markdown(rows, loops):
 
 
 def reproduce_command(args, cfg):
-    parts = harness.command_prefix(harness.script_invocation(__file__), cfg.loops,
+    parts = harness.command_prefix(["-m", "bench.apps"], cfg.loops,
                                    args.quick, cfg.repeat)
     if any(r.how != "client" for r in cfg.rows):
         parts += ["--duration", f"{cfg.duration:g}", "--warmup", f"{cfg.warmup:g}"]
@@ -809,22 +808,13 @@ def reproduce_command(args, cfg):
     return " ".join(parts)
 
 
-def plot_module():
-    """tideloop._bench.plot (this checkout's copy), or None when it does not
-    exist here; its own import errors propagate."""
-    name = bench_package.__name__ + ".plot"
-    if importlib.util.find_spec(name) is None:
-        return None
-    return importlib.import_module(name)
-
-
 # --------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------
 
 def build_parser():
     p = argparse.ArgumentParser(
-        prog="bench/apps.py",
+        prog="python -m bench.apps",
         description="Real-app benchmark (issue 14): aiohttp and uvicorn+Starlette "
                     "servers (alone and as gunicorn's 2 workers) under wrk, asyncpg "
                     "and redis-py clients against PostgreSQL and redis-server started "
@@ -853,9 +843,7 @@ def build_parser():
                    help="before each run, wait up to S seconds for the machine to be idle "
                         "(default: 0, do not wait)")
     harness.add_output_options(p)
-    p.add_argument("--plot", default=None, metavar="PATH",
-                   help="also draw the results to PATH (.svg, .png) with "
-                        "tideloop._bench.plot (needs that module and matplotlib)")
+    plot.add_plot_option(p)
     harness.add_verdict_options(p)
     return p
 
@@ -904,20 +892,9 @@ def main(argv=None):
     cfg = make_config(args)
     if cfg is None:
         return 2
-    plot = None
-    if args.plot:
-        try:
-            plot = plot_module()
-        except ImportError as exc:
-            return harness.usage_error(f"--plot: tideloop._bench.plot does not import "
-                                       f"({harness.exc_reason(exc)})")
-        if plot is None:
-            return harness.usage_error(
-                "--plot: this checkout has no tideloop._bench.plot (src/tideloop/_bench/"
-                "plot.py, the plotting module); run without --plot, or draw the --json "
-                "document later with python -m tideloop._bench.plot")
-        if hasattr(plot, "check_plot_option") and plot.check_plot_option(args.plot):
-            return 2
+    bad_plot = plot.check_plot_option(args.plot)
+    if bad_plot is not None:
+        return bad_plot
 
     versions = procs.loop_versions(cfg.python, cfg.env, ROOT)
     core = procs.CoreWatch(versions, cfg.loops)
@@ -992,13 +969,9 @@ def main(argv=None):
     if args.json:
         harness.write_json(args.json, doc)
     status = exit_status(results, args.fail_on_miss)
-    if plot is not None:
-        title = "Real apps (bench/apps.py): the Python process's CPU per operation"
-        try:
-            drawn = plot.draw_run(doc, args.plot, title=title)
-        except TypeError:                     # a draw_run without a title
-            drawn = plot.draw_run(doc, args.plot)
-        if drawn != 0:
+    if args.plot:
+        title = "Real apps (python -m bench.apps): the Python process's CPU per operation"
+        if plot.draw_run(doc, args.plot, title=title) != 0:
             status = status or 1
     return status
 

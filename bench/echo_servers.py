@@ -44,7 +44,7 @@ import os
 import socket
 import ssl
 
-from _harness import harness
+from tideloop._bench import harness
 
 KINDS = ("protocol", "buffered", "streams", "sockets", "tls-protocol", "tls-streams")
 CERT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

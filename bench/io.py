@@ -44,12 +44,13 @@ import sys
 import tempfile
 import time
 
-from _harness import harness, plot, procs
+from bench import plot, procs
+from tideloop._bench import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SRC = os.path.join(ROOT, "src")
-WORKER_PY = os.path.join(HERE, "io_worker.py")
+WORKER_PY = ["-m", "bench.io_worker"]   # run from the checkout's root (cwd=ROOT)
 C_PROGRAMS = ("udpgen",)
 
 FLOOR = "blocking"                    # the no-loop floor of the pipe rows
@@ -112,7 +113,7 @@ def _stderr_reason(path, fallback):
 
 
 def worker_command(cfg, loop, row):
-    cmd = [cfg.python, WORKER_PY, "--loop", loop, "--kind", row.workload]
+    cmd = [cfg.python, *WORKER_PY, "--loop", loop, "--kind", row.workload]
     p = row.params
     if row.workload == "udp":
         cmd += ["--port", "0"]
@@ -351,7 +352,7 @@ def _left(header):
 
 
 def reproduce_command(args, cfg):
-    parts = harness.command_prefix(harness.script_invocation(__file__), cfg.loops,
+    parts = harness.command_prefix(["-m", "bench.io"], cfg.loops,
                                    args.quick, cfg.repeat)
     if args.only:
         parts += ["--only", ",".join(cfg.workloads)]
@@ -376,7 +377,7 @@ def reproduce_command(args, cfg):
 
 def build_parser():
     p = argparse.ArgumentParser(
-        prog="bench/io.py",
+        prog="python -m bench.io",
         description="I/O benchmark for issue #5: a UDP echo server (DatagramProtocol) "
                     "loaded by a C generator, spawning and awaiting short subprocesses, "
                     "and 1 GiB through a pipe each way, on asyncio, uvloop and tideloop; "

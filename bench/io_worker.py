@@ -46,7 +46,7 @@ import resource
 import subprocess
 import time
 
-from _harness import harness
+from tideloop._bench import harness
 
 KINDS = ("udp", "spawn", "spawn_pipe", "pipe_read", "pipe_write")
 LOOPS = harness.ALL_LOOPS + ("blocking",)

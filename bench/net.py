@@ -53,12 +53,13 @@ import sys
 import tempfile
 import time
 
-from _harness import harness, plot, procs
+from bench import plot, procs
+from tideloop._bench import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SRC = os.path.join(ROOT, "src")
-SERVERS_PY = os.path.join(HERE, "echo_servers.py")
+SERVERS_PY = ["-m", "bench.echo_servers"]   # run from the checkout's root (cwd=ROOT)
 CERTS_DIR = os.path.join(ROOT, "tests", "certs")
 CA_PEM = os.path.join(CERTS_DIR, "ca.pem")
 CERTS = {"ecdsa": os.path.join(CERTS_DIR, "server-ecdsa.pem"),
@@ -139,7 +140,7 @@ def server_command(server, cfg, paths, endpoint):
     loop, kind = server
     if kind == HANDSHAKE:
         kind = "tls-protocol"                # handshakes are measured on the Protocol server
-    cmd = [cfg.python, SERVERS_PY, "--loop", loop, "--kind", kind, "--port", "0"]
+    cmd = [cfg.python, *SERVERS_PY, "--loop", loop, "--kind", kind, "--port", "0"]
     if family(kind) != PLAIN:
         cmd += ["--cert", CERTS[cfg.cert]]
     if endpoint:
@@ -378,7 +379,7 @@ def format_markdown(rows, loops, floor):
 
 
 def reproduce_command(args, cfg):
-    parts = harness.command_prefix(harness.script_invocation(__file__), cfg.loops,
+    parts = harness.command_prefix(["-m", "bench.net"], cfg.loops,
                                    args.quick, cfg.repeat)
     parts += ["--duration", f"{cfg.duration:g}", "--warmup", f"{cfg.warmup:g}"]
     if args.only:
@@ -402,7 +403,7 @@ def reproduce_command(args, cfg):
 
 def build_parser():
     p = argparse.ArgumentParser(
-        prog="bench/net.py",
+        prog="python -m bench.net",
         description="Echo-server benchmark for issues #3 and #12: Protocol, "
                     "BufferedProtocol, streams and sock_* servers, and Protocol and "
                     "streams servers over TLS 1.3 (and TLS handshakes per second), on "

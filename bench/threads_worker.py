@@ -53,7 +53,8 @@ import sys
 import threading
 import time
 
-from _harness import harness, procs
+from bench import procs
+from tideloop._bench import harness
 
 
 def gil_enabled():

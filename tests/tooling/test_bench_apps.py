@@ -2,32 +2,13 @@
 and, without it, wrk's own report), medians, ratios and verdicts of a row,
 and the exit status (a failed run fails the CI smoke, a slow figure does not).
 """
-import importlib.util
-import os
-import sys
-
 import pytest
-
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "bench")
-
-
-def _load(filename, name):
-    """bench/FILENAME as module NAME (bench/ on sys.path meanwhile: the
-    scripts import bench/_harness.py and each other)."""
-    sys.path.insert(0, BENCH)
-    try:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(BENCH, filename))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(BENCH)
 
 
 @pytest.fixture(scope="module")
 def apps():
-    return _load("apps.py", "bench_apps_under_test")
+    from bench import apps
+    return apps
 
 
 WRK_REPORT = """\
@@ -130,7 +111,8 @@ def test_errors_skips_and_exit_status(apps):
 
 @pytest.fixture(scope="module")
 def cg():
-    return _load("apps_callgrind.py", "bench_apps_callgrind_under_test")
+    from bench import apps_callgrind
+    return apps_callgrind
 
 
 CALLGRIND_FILE = """\

@@ -333,6 +333,19 @@ def test_wheel_ships_the_extension_and_python_files_not_c_sources(dists):
     assert top == {"tideloop", dists["dist_info"]}, top
 
 
+def test_wheel_ships_the_micro_benchmark_only(dists):
+    """``python -m tideloop bench`` is in the wheel; the network, I/O and app
+    benchmarks, their child-process tooling and the plotting stay in the
+    source checkout's bench/ package."""
+    files = dists["wheel_files"]
+    bench = sorted(f for f in files if f.startswith("tideloop/_bench/"))
+    assert bench == ["tideloop/_bench/__init__.py", "tideloop/_bench/__main__.py",
+                     "tideloop/_bench/harness.py",
+                     "tideloop/_bench/micro.py"], bench
+    extra = sorted(f for f in files if re.search(r"(?i)plot|procs|loadgen|echo_server", f))
+    assert not extra, f"benchmark tooling in the wheel: {extra}"
+
+
 # --- the sdist on its own -------------------------------------------------------
 
 

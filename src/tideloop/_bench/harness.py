@@ -1,10 +1,10 @@
 """What every benchmark shares: loops by name, interleaved runs, medians and
 ratios, text and Markdown tables, command-line pieces, the environment.
 
-Used by ``python -m tideloop bench`` (micro.py), by bench/net.py and
-bench/io.py (with procs.py) and by their workers (bench/echo_servers.py,
-bench/io_worker.py).  Standard library only, no relative imports: the
-drivers also load this file by path in a child process (procs.loop_versions).
+Used by ``python -m tideloop bench`` (micro.py) and by the checkout's
+benchmarks (``python -m bench.net``, ``bench.io``, ... with bench/procs.py)
+and their workers (bench.echo_servers, bench.io_worker).  Standard library
+only.
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """Micro-benchmarks: stock asyncio vs uvloop vs tideloop, measured in one run.
 
-Run it as ``python -m tideloop bench`` or ``python bench/micro.py``.
+Run it as ``python -m tideloop bench``.
 
 How a figure is made (see "How we measure" in the architecture guide):
 
@@ -20,9 +20,8 @@ How a figure is made (see "How we measure" in the architecture guide):
   thread) iterates in C (``deque(map(...), maxlen=0)``) and the trivial callback is
   a C no-op, so the per-operation cost is the loop's, not the benchmark's.
 
-This module must import with the standard library only: ``bench/micro.py`` loads
-this package by path when the tideloop package itself cannot be imported (core
-not built).
+Standard library only (the loops are imported by name when measured; --plot
+uses the source checkout's bench/plot.py).
 """
 
 from __future__ import annotations
@@ -690,11 +689,11 @@ def add_arguments(parser):
     harness.add_output_options(
         parser, json_help="also write all results (every sample, environment) as JSON to PATH",
         markdown_help="print the table as Markdown (README-ready) instead of plain text")
-    # Imported here, not at the top: the package's __init__ imports this
-    # module, and 'python -m tideloop._bench.plot' must find plot not yet
-    # imported (runpy warns otherwise).
-    from . import plot
-    plot.add_plot_option(parser)
+    parser.add_argument(
+        "--plot", default=None, metavar="PATH",
+        help="also draw the results as bars of each loop's speed relative to asyncio "
+             "to PATH (.svg, .png) with bench/plot.py: run from the root of a tideloop "
+             "source checkout; needs matplotlib: pip install 'tideloop[plot]'")
     parser.add_argument(
         "--timeout", type=float, default=120.0, metavar="S",
         help="give up on one measurement after S seconds (default: %(default)g)")
@@ -707,6 +706,20 @@ def add_arguments(parser):
         help="skip the discarded warm-up run per benchmark and loop")
     harness.add_verdict_options(parser)
     return parser
+
+
+def _plot_module():
+    """The checkout's bench/plot.py for --plot (not part of the installed
+    package), or None after a usage error saying where to run from."""
+    try:
+        from bench import plot
+    except ImportError as exc:
+        harness.usage_error(
+            "--plot: drawing needs bench/plot.py of a tideloop source checkout: run "
+            "from its root, or save the run with --json PATH and draw it there with "
+            f"python -m bench.plot PATH OUT.svg ({harness.exc_reason(exc)})")
+        return None
+    return plot
 
 
 def build_parser(prog=None):
@@ -729,10 +742,14 @@ def run_from_args(args, invocation=("-m", "tideloop", "bench")):
         return harness.usage_error("--repeat must be at least 1")
     if args.scale <= 0:
         return harness.usage_error("--scale must be positive")
-    from . import plot
-    bad_plot = plot.check_plot_option(args.plot)
-    if bad_plot is not None:
-        return bad_plot
+    plot = None
+    if args.plot:
+        plot = _plot_module()
+        if plot is None:
+            return 2
+        bad_plot = plot.check_plot_option(args.plot)
+        if bad_plot is not None:
+            return bad_plot
 
     wanted = harness.pick(args.loops, ALL_LOOPS, "loop", given_order=True)
     if wanted is None:
@@ -819,7 +836,7 @@ def run_from_args(args, invocation=("-m", "tideloop", "bench")):
     })
     if args.json:
         harness.write_json(args.json, doc)
-    if args.plot and plot.draw_run(doc, args.plot):
+    if plot is not None and plot.draw_run(doc, args.plot):
         return 1
 
     return harness.missed(results) if args.fail_on_miss else 0

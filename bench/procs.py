@@ -1,4 +1,4 @@
-"""Measuring loops in child processes (bench/net.py, bench/io.py): the C load
+"""Measuring loops in child processes (bench.net, bench.io): the C load
 generators built on first use, the workers' environment and loop versions, a
 server run under a C load generator, CPU time from /proc, the machine's other
 load, and the lines that report it.  Linux only; standard library only.
@@ -17,7 +17,7 @@ import sys
 import sysconfig
 import time
 
-from . import harness
+from tideloop._bench import harness
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 READY_TIMEOUT = 15.0
@@ -62,7 +62,7 @@ def build_c(src_dir, names, prog, force=False, log=None):
 
 def worker_env(src):
     """The workers import tideloop from an explicit PYTHONPATH or an installed
-    package first, else from the checkout's ``src`` (as bench/micro.py)."""
+    package first, else from the checkout's ``src`` (in-place build)."""
     env = dict(os.environ)
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     # Only an in-place build: without one, src/tideloop (whose _core is a
@@ -77,10 +77,8 @@ def worker_env(src):
 
 
 _VERSIONS_CODE = """\
-import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("tideloop_bench_harness", sys.argv[1])
-harness = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(harness)
+import json
+from tideloop._bench import harness
 print(json.dumps(harness.loop_versions()))
 """
 
@@ -89,7 +87,7 @@ def loop_versions(python, env, cwd):
     """What each loop name resolves to in the workers' environment
     (harness.loop_versions run there), or {"error": ...}."""
     try:
-        proc = subprocess.run([python, "-c", _VERSIONS_CODE, harness.__file__],
+        proc = subprocess.run([python, "-c", _VERSIONS_CODE],
                               capture_output=True, text=True, env=env, cwd=cwd, timeout=60)
         return json.loads(proc.stdout)
     except Exception as exc:
