@@ -350,11 +350,7 @@ def _tail(path, n=1):
 
 
 def start_postgresql():
-    sys.path.insert(0, TOOLS)
-    try:
-        from pgcluster import PgCluster
-    finally:
-        sys.path.remove(TOOLS)
+    from tools.pgcluster import PgCluster
     return PgCluster().start()
 
 
