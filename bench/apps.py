@@ -433,7 +433,7 @@ def skip_reason(row, services, frameworks):
     absent = [m for m in row.needs if not frameworks.get(m)]
     if absent:
         return (f"Python package(s) {', '.join(absent)} not importable "
-                f"(pip install '.[bench]')")
+                f"(pip install '.[bench-apps]')")
     return None
 
 

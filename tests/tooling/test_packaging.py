@@ -249,6 +249,23 @@ def test_test_extra_installs_what_the_tests_use(meta):
     assert {"pytest", "hypothesis", "build"} <= names, reqs
 
 
+def _extra(meta, name):
+    reqs = [r for r in meta.get_all("Requires-Dist") if f'extra == "{name}"' in r]
+    return sorted(re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower() for r in reqs)
+
+
+def test_bench_extra_is_what_the_main_benchmark_needs(meta):
+    """pip install ".[bench]" && python -m tideloop bench: uvloop to compare
+    with, not the app benchmark's frameworks and clients."""
+    assert _extra(meta, "bench") == ["uvloop"]
+
+
+def test_bench_apps_extra_has_the_app_benchmark_packages(meta):
+    assert "bench-apps" in meta.get_all("Provides-Extra")
+    assert {"uvloop", "aiohttp", "uvicorn", "starlette", "gunicorn", "asyncpg", "redis",
+            "websockets"} <= set(_extra(meta, "bench-apps"))
+
+
 def test_plot_extra_is_matplotlib(meta):
     """The benchmarks' --plot names this extra when matplotlib is missing."""
     assert "plot" in meta.get_all("Provides-Extra")
