@@ -507,7 +507,8 @@ def _row_cells(r, loop_names):
         else:
             cells.append(_fmt_ns(r["ns_per_op"].get(name)))
     cells += [harness.fmt_ratio(r["ratio_vs_asyncio"]), harness.fmt_ratio(r["ratio_vs_uvloop"]),
-              _fmt_target(r["target_vs_uvloop"]), r["verdict"] or "n/a"]
+              _fmt_target(r["target_vs_uvloop"]),
+              harness.result_cell(r["verdict"], r["ratio_vs_asyncio"], loop_names)]
     return cells
 
 
@@ -543,7 +544,8 @@ class TableWriter:
         self.widths = ([max([len(self.header[0])] + [len(x) for x in labels])] + figures
                        + [len("tl/asyncio"), len("tl/uvloop"),
                           max([len("target")] + [len(_fmt_target(t)) for t in targets]),
-                          len("result")])
+                          len("result") if "uvloop" in self.loop_names
+                          else len("10.0x faster")])
 
     def _print(self, line):
         stream = self.stream or sys.stdout
@@ -599,13 +601,6 @@ _DEBUG_WARNING = ("warning: asyncio debug mode is on (-X dev / PYTHONASYNCIODEBU
                   "figures are not representative")
 
 
-def _isatty(stream):
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
 def _plural(n, word):
     return f"{n} {word}" + ("" if n == 1 else "s")
 
@@ -635,6 +630,7 @@ def header_lines(args, environment, benches, started):
         f"GC {'on' if args.gc else 'off'} while timing, "
         f"{'process CPU' if args.clock == 'cpu' else 'wall'} clock; {sizes}; "
         f"{_plural(len(benches), 'benchmark')}")
+    lines += harness.verdict_legend(env["loops"], "tideloop's ns/op")
     if env["dev_mode"] or env["asyncio_debug_env"]:
         lines.append(_DEBUG_WARNING)
     return lines
@@ -651,7 +647,7 @@ def footer_lines(args):
         f"{unit}; each figure is the median over {_plural(args.repeat, 'interleaved run')}, "
         f"fresh loop each, GC {'on' if args.gc else 'off'} while timing.",
         "tl/asyncio, tl/uvloop = tideloop's time / the other loop's (below 1.00x: "
-        "tideloop is faster); target = the tl/uvloop a PASS needs.",
+        "tideloop is faster); target = the tl/uvloop a PASS needs (this project's goal).",
     ]
 
 
@@ -784,15 +780,7 @@ def run_from_args(args, invocation=("-m", "tideloop", "bench")):
         print(line)
     print(flush=True)
 
-    progress_is_transient = _isatty(sys.stderr) and _isatty(sys.stdout)
-
-    def log(msg):
-        # On a terminal the progress line is wiped when its row is printed;
-        # elsewhere (a log file, CI) each benchmark leaves a progress line.
-        if msg == "\n" and progress_is_transient:
-            msg = "\r\x1b[K"
-        sys.stderr.write(msg)
-        sys.stderr.flush()
+    log = harness.Progress()
 
     table = TableWriter(loop_names,
                         [b.label.format(n=_fmt_count(bench_size(b, args.quick, args.scale)))
