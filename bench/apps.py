@@ -774,7 +774,7 @@ def table(rows, loops):
                 cells.append("skip" if r["skipped"] else "ERROR" if c in r["errors"]
                              else fmt(r[metric].get(c)))
         cells += [harness.fmt_ratio(r["tl_vs_asyncio"]), harness.fmt_ratio(r["tl_vs_uvloop"]),
-                  _target_text(), r["verdict"] or "n/a"]
+                  _target_text(), harness.result_cell(r["verdict"], r["tl_vs_asyncio"], loops)]
         body.append(cells)
     return header, body
 
@@ -884,7 +884,8 @@ def make_config(args):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     started = time.time()
-    log = harness.log_stderr
+    log = harness.Progress()
+    say = harness.say
     cfg = make_config(args)
     if cfg is None:
         return 2
@@ -893,21 +894,23 @@ def main(argv=None):
         return bad_plot
 
     versions = procs.loop_versions(cfg.python, cfg.env, ROOT)
+    cfg.loops, skipped = procs.measurable_loops(cfg.loops, versions)
     core = procs.CoreWatch(versions, cfg.loops)
     cpus = harness.usable_cpus()
     frameworks = framework_versions(cfg)
     n_runs = len(cfg.rows) * len(cfg.loops) * cfg.repeat
-    log(f"tideloop app benchmark: CPython {platform.python_version()}, "
+    say(f"tideloop app benchmark: CPython {platform.python_version()}, "
         f"{platform.system()} {platform.machine()}, {cpus} CPU(s) shared by the Python "
         f"process and its load/services (nothing pinned); median of {cfg.repeat} "
         f"interleaved runs; {n_runs} runs\n")
-    if not procs.log_loop_versions(log, cfg.loops, versions, "workers'"):
+    if not procs.log_loop_versions(say, cfg.loops, versions, "workers'", skipped):
         return 2
-    log("  " + ", ".join(f"{k} {v}" for k, v in frameworks.items() if v) + "\n")
+    say("  " + ", ".join(f"{k} {v}" for k, v in frameworks.items() if v) + "\n")
+    harness.say_verdict_legend(cfg.loops, "tideloop's CPU per op")
 
     workdir = tempfile.mkdtemp(prefix="tideloop-apps-")
     try:
-        with Services(cfg.rows, workdir, log) as services:
+        with Services(cfg.rows, workdir, harness.log_stderr) as services:
             service_versions = services.versions()
             results = run_rows(cfg, cfg.rows, services, frameworks, workdir, log)
     finally:

@@ -267,10 +267,12 @@ def _verdict(res):
             checks.append(None)
         else:
             checks.append(r <= limit)
-    if None in checks or not checks:
-        res["verdict"] = None                # n/a: a figure is missing
+    if False in checks:
+        res["verdict"] = "FAIL"              # whatever else is missing
+    elif None in checks or not checks:
+        res["verdict"] = None                # a figure is missing: see harness.result_cell
     else:
-        res["verdict"] = "PASS" if all(checks) else "FAIL"
+        res["verdict"] = "PASS"
 
 
 # --------------------------------------------------------------------------
@@ -331,7 +333,8 @@ def _table(results, loops, floor):
             cells.append("ERROR" if c in r["errors"] else _fmt_cost(r["cpu_per_unit"].get(c)))
         cells += [r["cpu_unit"], harness.fmt_ratio(r["tl_vs_uvloop"]), harness.fmt_ratio(r["tl_vs_asyncio"]),
                   harness.fmt_ratio(r["wall_tl_vs_uvloop"]), harness.fmt_ratio(r["wall_tl_vs_asyncio"]),
-                  "<=0.80x uv, <=0.50x aio", r["verdict"] or "n/a"]
+                  "<=0.80x uv, <=0.50x aio",
+                  harness.result_cell(r["verdict"], r["tl_vs_asyncio"], loops)]
         body.append(cells)
     return header, body
 
@@ -446,7 +449,8 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     started = time.time()
 
-    log = harness.log_stderr
+    log = harness.Progress()
+    say = harness.say
     cfg = procs.driver_config(args, WORKLOADS, "workload", durations=(0.5, 3.0),
                               warmups=(0.2, 0.5), src=SRC)
     if cfg is None:
@@ -464,15 +468,17 @@ def main(argv=None):
     paths = (procs.build_c(HERE, C_PROGRAMS, "io.py", force=args.rebuild, log=log)
              if "udp" in cfg.workloads else {})
     versions = procs.loop_versions(cfg.python, cfg.env, ROOT)
+    cfg.loops, skipped = procs.measurable_loops(cfg.loops, versions)
     core = procs.CoreWatch(versions, cfg.loops)
     cpus = harness.usable_cpus()
     n_runs = sum(cfg.repeat * (len(cfg.loops) + (1 if cfg.floor and r.has_floor else 0))
                  for r in rows)
-    log(f"tideloop I/O benchmark: CPython {platform.python_version()}, "
+    say(f"tideloop I/O benchmark: CPython {platform.python_version()}, "
         f"{platform.system()} {platform.machine()}, {cpus} CPU(s), nothing pinned; "
         f"median of {cfg.repeat} interleaved runs; {n_runs} runs\n")
-    if not procs.log_loop_versions(log, cfg.loops, versions, "workers'"):
+    if not procs.log_loop_versions(say, cfg.loops, versions, "workers'", skipped):
         return 2
+    harness.say_verdict_legend(cfg.loops, "tideloop's CPU per unit")
 
     results = run_matrix(rows, cfg, paths, log)
     elapsed = time.time() - started

@@ -111,11 +111,32 @@ def program_output(cmd, env=None, cwd=None):
         return f"? ({harness.exc_reason(exc)})"
 
 
-def log_loop_versions(log, loops, versions, whose):
-    """One line per loop; False (and a line saying so) if tideloop is to be
-    measured but does not import in ``whose`` environment."""
+def measurable_loops(loops, versions):
+    """(the loops to measure, {loop: why not} for the others): ``loops`` less
+    the reference loops (asyncio, uvloop) that do not import in the workers'
+    environment (``versions``, loop_versions'), whose every run would fail.
+    tideloop stays: log_loop_versions stops the run without it."""
+    keep, skipped = [], {}
+    for name in loops:
+        version = str(versions.get(name) or "")
+        if name != "tideloop" and version.startswith("not importable"):
+            skipped[name] = version
+        else:
+            keep.append(name)
+    return keep, skipped
+
+
+def log_loop_versions(log, loops, versions, whose, skipped=None):
+    """One line per loop (and per loop ``skipped``, measurable_loops'); False
+    (and a line saying so) if tideloop is to be measured but does not import
+    in ``whose`` environment, or no loop is left."""
     for name in loops:
         log(f"  {name:<9} {versions.get(name, '?')}\n")
+    for name, why in (skipped or {}).items():
+        log(f"  {name:<9} skipped: {why} ({harness.BENCH_EXTRA})\n")
+    if not loops:
+        log("no loop to measure\n")
+        return False
     if "tideloop" in loops and not str(versions.get("tideloop", "")).startswith("tideloop "):
         log(f"tideloop is not importable in the {whose} environment\n")
         return False

@@ -106,6 +106,16 @@ def test_errors_skips_and_exit_status(apps):
     assert apps.exit_status([skip]) == 0
 
 
+def test_without_uvloop_the_result_is_against_asyncio(apps):
+    """uvloop not measured (not installed): the result column compares
+    tideloop with asyncio instead of n/a."""
+    faster = apps.summarise("a", "-", "req", None, 1, _samples(asyncio=[20], tideloop=[5]), {})
+    slower = apps.summarise("b", "-", "req", None, 1, _samples(asyncio=[10], tideloop=[13]), {})
+    header, body = apps.table([faster, slower], ["asyncio", "tideloop"])
+    assert [cells[-1] for cells in body] == ["4.0x faster", "1.3x slower"]
+    assert "n/a" not in apps.format_text([faster, slower], ["asyncio", "tideloop"])
+
+
 # --- bench/apps_callgrind.py: the callgrind file summed per object, the verdict
 
 

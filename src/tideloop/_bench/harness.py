@@ -353,10 +353,17 @@ def log_stderr(msg):
     sys.stderr.flush()
 
 
-def say(msg=""):
-    """A line of the report (header, table, footer): stdout, flushed, so that
-    it comes before any progress written to stderr after it."""
-    print(msg, flush=True)
+def say(text):
+    """Text of the report (its header): stdout, flushed, so that it comes
+    before any progress written to stderr after it.  Same calling convention
+    as log_stderr and Progress: the caller ends lines with "\n"."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def say_verdict_legend(loops, subject):
+    for line in verdict_legend(loops, subject):
+        say(line + "\n")
 
 
 def _isatty(stream):
