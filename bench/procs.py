@@ -29,12 +29,15 @@ READY_TIMEOUT = 15.0
 
 # Link flags of the C programs that need a library (the TLS ones: OpenSSL).
 C_LIBS = {"tls_loadgen": ["-lssl", "-lcrypto"], "tls_echo_server": ["-lssl", "-lcrypto"]}
+# Included by every program: a change rebuilds them all.
+C_COMMON = "loadgen_common.h"
+C_FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror"]
 
 
 def build_c(src_dir, names, prog, force=False, log=None):
     """Compile ``src_dir``/NAME.c into ``src_dir``/bin/NAME when missing or
-    older than its source (or ``force``), linked with C_LIBS[NAME].  Returns
-    {name: path}."""
+    older than its source or C_COMMON (or ``force``), with C_FLAGS, linked
+    with C_LIBS[NAME].  Returns {name: path}."""
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     bin_dir = os.path.join(src_dir, "bin")
     os.makedirs(bin_dir, exist_ok=True)
@@ -43,12 +46,13 @@ def build_c(src_dir, names, prog, force=False, log=None):
         src = os.path.join(src_dir, name + ".c")
         exe = os.path.join(bin_dir, name)
         paths[name] = exe
+        sources = [src] + [p for p in [os.path.join(src_dir, C_COMMON)] if os.path.exists(p)]
         if (not force and os.path.exists(exe)
-                and os.path.getmtime(exe) >= os.path.getmtime(src)):
+                and os.path.getmtime(exe) >= max(map(os.path.getmtime, sources))):
             continue
         if not cc:
             raise SystemExit(f"{prog}: no C compiler (gcc/cc, or $CC) to build " + src)
-        cmd = [cc, "-O2", "-Wall", "-o", exe, src] + C_LIBS.get(name, [])
+        cmd = [cc, *C_FLAGS, "-o", exe, src] + C_LIBS.get(name, [])
         if log:
             log(f"build: {' '.join(shlex.quote(c) for c in cmd)}\n")
         proc = subprocess.run(cmd, capture_output=True, text=True)
