@@ -3,10 +3,10 @@
 clients and websockets on asyncio, uvloop and tideloop, with the services
 they talk to started by this script.
 
-    python bench/apps.py                                  # every row, 3 repeats: ~8 min
-    python bench/apps.py --quick --repeat 1               # CI smoke, ~1 min
-    python bench/apps.py --only uvicorn-text,redis --repeat 5
-    python bench/apps.py --markdown --json results/apps.json
+    python -m bench.apps                                  # every row, 3 repeats: ~8 min
+    python -m bench.apps --quick --repeat 1               # CI smoke, ~1 min
+    python -m bench.apps --only uvicorn-text,redis --repeat 5
+    python -m bench.apps --markdown --json results/apps.json
 
 Rows (bench/apps_worker.py is the Python side, bench/apps_app.py the apps):
 

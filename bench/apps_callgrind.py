@@ -3,9 +3,9 @@
 loop, under callgrind: the loop's own code against the interpreter, the
 framework's compiled code and libc.
 
-    python bench/apps_callgrind.py --results results/apps.json   # the rows that missed
-    python bench/apps_callgrind.py --only uvicorn-text,redis --loops uvloop,tideloop
-    python bench/apps_callgrind.py --results results/apps.json --markdown --json results/apps-callgrind.json
+    python -m bench.apps_callgrind --results results/apps.json   # the rows that missed
+    python -m bench.apps_callgrind --only uvicorn-text,redis --loops uvloop,tideloop
+    python -m bench.apps_callgrind --results results/apps.json --markdown --json results/apps-callgrind.json
 
 For each row and loop, bench/apps_worker.py runs under
 ``valgrind --tool=callgrind --instr-atstart=no``; instrumentation is switched

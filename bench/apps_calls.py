@@ -2,8 +2,8 @@
 one loop against another (the lead-finder for issue 14's "interpreter
 instructions per request" gap).
 
-    PYTHONPATH=src python3 bench/apps_calls.py                 # uvloop vs tideloop
-    PYTHONPATH=src python3 bench/apps_calls.py --conns 50 --path /json
+    PYTHONPATH=src python3 -m bench.apps_calls                 # uvloop vs tideloop
+    PYTHONPATH=src python3 -m bench.apps_calls --conns 50 --path /json
 
 For each loop a fresh server process runs the app under aiohttp.web.run_app
 (as bench/apps_worker.py does); a raw-socket client in this process sends

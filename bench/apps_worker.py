@@ -2,7 +2,7 @@
 """The Python side of the app benchmark (bench/apps.py): one row, one loop,
 one process.
 
-    python bench/apps_worker.py --loop asyncio|uvloop|tideloop --kind KIND [options]
+    python -m bench.apps_worker --loop asyncio|uvloop|tideloop --kind KIND [options]
 
 Servers (print "READY <port>", serve until SIGTERM; the driver loads them with
 wrk and reads this process's CPU from /proc):

@@ -3,7 +3,7 @@
 the same workloads on a build without them (--base, a git revision) and on
 this checkout, with callback timing off and on.
 
-    python bench/diag_overhead.py --base REV [--json PATH]
+    python -m bench.diag_overhead --base REV [--json PATH]
 
 Workloads (each under callgrind, the slope between two run lengths, so the
 interpreter's start-up does not count):
@@ -180,7 +180,7 @@ def main(argv=None):
         print(f"{name:10} {cells[0]} {cells[1]} {cells[2][1:]} {cells[3]}")
     verdict = "OK" if ok else "FAILED"
     print(f"verdict: {verdict}")
-    print(f"reproduce: python bench/diag_overhead.py --base {args.base}"
+    print(f"reproduce: python -m bench.diag_overhead --base {args.base}"
           + (" --no-idle-thread" if not PRELUDE else ""))
     print(f"({time.monotonic() - t_start:.1f} s)")
     if args.json:

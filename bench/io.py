@@ -2,10 +2,10 @@
 """I/O benchmark (issue #5): UDP echo, subprocesses and pipes on asyncio,
 uvloop and tideloop, measured side by side in one run.
 
-    python bench/io.py                                   # everything, ~5 min
-    python bench/io.py --quick                           # CI smoke, < 1 min
-    python bench/io.py --only udp --sizes 64 --inflight 1,16 --repeat 5
-    python bench/io.py --markdown --json io-results.json
+    python -m bench.io                                   # everything, ~5 min
+    python -m bench.io --quick                           # CI smoke, < 1 min
+    python -m bench.io --only udp --sizes 64 --inflight 1,16 --repeat 5
+    python -m bench.io --markdown --json io-results.json
 
 Rows:
   udp         a DatagramProtocol echo server (bench/io_worker.py --kind udp)

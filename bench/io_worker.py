@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The loop side of the I/O benchmark (bench/io.py), one workload per process.
 
-    python bench/io_worker.py --loop asyncio|uvloop|tideloop --kind KIND [options]
+    python -m bench.io_worker --loop asyncio|uvloop|tideloop --kind KIND [options]
 
 Kinds:
 

@@ -3,11 +3,11 @@
 tideloop against a C epoll echo server, driven by a C closed-loop load
 generator; plain TCP and TLS 1.3.
 
-    python bench/net.py                                   # full matrix, ~25 min
-    python bench/net.py --quick                           # CI smoke, ~3 min
-    python bench/net.py --tls                             # the TLS rows only, ~9 min
-    python bench/net.py --loops asyncio,uvloop --only protocol,streams
-    python bench/net.py --markdown --json net-results.json
+    python -m bench.net                                   # full matrix, ~25 min
+    python -m bench.net --quick                           # CI smoke, ~3 min
+    python -m bench.net --tls                             # the TLS rows only, ~9 min
+    python -m bench.net --loops asyncio,uvloop --only protocol,streams
+    python -m bench.net --markdown --json net-results.json
 
 Matrix: kind (protocol, buffered, streams, sockets) x message size (1 KiB,
 10 KiB, 100 KiB) x connections (10, 100); TLS: kind (tls-protocol,

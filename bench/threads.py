@@ -3,11 +3,11 @@
 one server process serving TCP echo, and one loop serving echo while
 asyncio.to_thread CPU jobs run; asyncio, uvloop and tideloop.
 
-    python bench/threads.py                        # N = 1, 2; ~4 min
-    python bench/threads.py --quick                # smoke, ~1 min
-    python bench/threads.py --n 1,2,4,8            # a bigger machine
-    python bench/threads.py --gil both             # free-threaded builds: GIL on and off
-    python bench/threads.py --json threads.json --plot threads.svg
+    python -m bench.threads                        # N = 1, 2; ~4 min
+    python -m bench.threads --quick                # smoke, ~1 min
+    python -m bench.threads --n 1,2,4,8            # a bigger machine
+    python -m bench.threads --gil both             # free-threaded builds: GIL on and off
+    python -m bench.threads --json threads.json --plot threads.svg
 
 echo   The server (bench/threads_worker.py echo) runs N loops, one per
        thread, each an asyncio.Protocol echo server on its own listening

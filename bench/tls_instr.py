@@ -3,9 +3,9 @@
 instructions under callgrind and syscalls under strace, for the tls-protocol
 echo server on asyncio, uvloop and tideloop, and the C TLS floor.
 
-    python bench/tls_instr.py                          # all four servers, ~3 min
-    python bench/tls_instr.py --loops tideloop --no-floor --requests 1000
-    python bench/tls_instr.py --json tls-instr.json    # every run, for a script
+    python -m bench.tls_instr                          # all four servers, ~3 min
+    python -m bench.tls_instr --loops tideloop --no-floor --requests 1000
+    python -m bench.tls_instr --json tls-instr.json    # every run, for a script
 
 For each server, the cell of bench/net.py's tls-protocol 1 KiB x 10
 connections: bench/bin/tls_loadgen --requests R sends exactly R requests

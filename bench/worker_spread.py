@@ -1,8 +1,8 @@
 """How evenly gunicorn's workers share the requests: 2 workers, wrk, per-worker counts.
 
-    python bench/worker_spread.py                       # every variant, 3 interleaved rounds
-    python bench/worker_spread.py --quick               # 1 round of 2 s: a smoke run
-    python bench/worker_spread.py --json results/worker-spread.json
+    python -m bench.worker_spread                       # every variant, 3 interleaved rounds
+    python -m bench.worker_spread --quick               # 1 round of 2 s: a smoke run
+    python -m bench.worker_spread --json results/worker-spread.json
 
 Each variant is gunicorn with 2 workers of one worker class, serving
 bench/worker_spread_app.py (its answer is the worker's pid; each worker
@@ -308,7 +308,7 @@ def main(argv=None):
         else:
             print(f"| {s['variant']} | {s['mode']} | - | - | {s['rps_median']:.0f} "
                   f"| {s['errors_total']} | {s['p99_ms_median']:.0f} / {s['max_ms']:.0f} |")
-    reproduce = ("python bench/worker_spread.py" + (" --quick" if args.quick else
+    reproduce = ("python -m bench.worker_spread" + (" --quick" if args.quick else
                  f" --rounds {args.rounds} --seconds {args.seconds:g}")
                  + (f" --connections {args.connections}" if args.connections != 256 else "")
                  + (f" --variants '{args.variants}'" if args.variants != ",".join(VARIANTS)

@@ -127,7 +127,7 @@ def _expected_sdist_files(tree):
         "src/tideloop/*.py", "src/tideloop/*.pyi", "src/tideloop/py.typed",
         "src/tideloop/_core/*.c", "src/tideloop/_core/*.h",
         "tests/**/*.py", "tests/conformance/*",
-        "bench/*.py", "bench/*.c", "bench/README.md",
+        "bench/*.py", "bench/*.c", "bench/*.h", "bench/README.md",
         "stress/**/*.py", "tools/*.sh", "tools/*.py",
     ]
     for g in globs:
