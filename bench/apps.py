@@ -907,6 +907,7 @@ def main(argv=None):
         return 2
     say("  " + ", ".join(f"{k} {v}" for k, v in frameworks.items() if v) + "\n")
     harness.say_verdict_legend(cfg.loops, "tideloop's CPU per op")
+    say("          SKIP = the row cannot run here (the reason is under the table)\n")
 
     workdir = tempfile.mkdtemp(prefix="tideloop-apps-")
     try:
