@@ -24,9 +24,10 @@ from loop_helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "stress" / "run.py"
-# stress/ is on sys.path through pytest's pythonpath (pyproject.toml): the
-# runner's own sizes and scenario list, imported as the runner imports them.
-import run as stress_run
+# The runner's own sizes and scenario list (the checkout's root and stress/
+# are on sys.path through pytest's pythonpath, pyproject.toml: stress/run.py
+# imports its scenarios as top-level modules).
+from stress import run as stress_run
 from scenarios.g_close_with_live_fds import expected_warnings
 
 SANITIZE = os.environ.get("TIDELOOP_SANITIZE_RUN") == "1"
