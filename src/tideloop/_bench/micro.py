@@ -545,7 +545,7 @@ class TableWriter:
                        + [len("tl/asyncio"), len("tl/uvloop"),
                           max([len("target")] + [len(_fmt_target(t)) for t in targets]),
                           len("result") if "uvloop" in self.loop_names
-                          else len("10.0x faster")])
+                          else len("100.0x faster")])
 
     def _print(self, line):
         stream = self.stream or sys.stdout
