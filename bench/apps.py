@@ -3,10 +3,10 @@
 clients and websockets on asyncio, uvloop and tideloop, with the services
 they talk to started by this script.
 
-    python bench/apps.py                                  # every row, 3 repeats: ~8 min
-    python bench/apps.py --quick --repeat 1               # CI smoke, ~1 min
-    python bench/apps.py --only uvicorn-text,redis --repeat 5
-    python bench/apps.py --markdown --json results/apps.json
+    python -m bench.apps                                  # every row, 3 repeats: ~8 min
+    python -m bench.apps --quick --repeat 1               # CI smoke, ~1 min
+    python -m bench.apps --only uvicorn-text,redis --repeat 5
+    python -m bench.apps --markdown --json results/apps.json
 
 Rows (bench/apps_worker.py is the Python side, bench/apps_app.py the apps):
 
@@ -51,8 +51,6 @@ ERROR and makes the exit status 1 (a slow figure does not, unless
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import platform
@@ -65,13 +63,14 @@ import tempfile
 import time
 import urllib.request
 
-from _harness import harness, procs, package as bench_package
+from bench import plot, procs
+from tideloop._bench import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SRC = os.path.join(ROOT, "src")
 TOOLS = os.path.join(ROOT, "tools")
-WORKER_PY = os.path.join(HERE, "apps_worker.py")
+WORKER_PY = ["-m", "bench.apps_worker"]   # run from the checkout's root (cwd=ROOT)
 ENSURE_DEBIAN = os.path.join(TOOLS, "ensure_debian_package.sh")
 
 FORMAT = "tideloop-appbench/1"
@@ -130,12 +129,12 @@ ROWS = [
         HTTP_CONNS, path="/json", server="uvicorn"),
     Row("gunicorn-uvicorn", "gunicorn", "req",
         ("gunicorn", "uvicorn_worker", "uvicorn", "starlette"), _HTTP, TEXT_BODY, HTTP_CONNS,
-        app="apps_app:asgi_app",
-        workers={"asyncio": "apps_app.AsyncioUvicornWorker",
+        app="bench.apps_app:asgi_app",
+        workers={"asyncio": "bench.apps_app.AsyncioUvicornWorker",
                  "uvloop": "uvicorn_worker.UvicornWorker",
                  "tideloop": "tideloop.workers.UvicornWorker"}),
     Row("gunicorn-aiohttp", "gunicorn", "req", ("gunicorn", "aiohttp"), _HTTP, TEXT_BODY,
-        HTTP_CONNS, app="apps_app:make_aiohttp_app",
+        HTTP_CONNS, app="bench.apps_app:make_aiohttp_app",
         workers={"asyncio": "aiohttp.GunicornWebWorker",
                  "uvloop": "aiohttp.GunicornUVLoopWebWorker",
                  "tideloop": "tideloop.workers.AiohttpWorker"}),
@@ -351,11 +350,7 @@ def _tail(path, n=1):
 
 
 def start_postgresql():
-    sys.path.insert(0, TOOLS)
-    try:
-        from pgcluster import PgCluster
-    finally:
-        sys.path.remove(TOOLS)
+    from tools.pgcluster import PgCluster
     return PgCluster().start()
 
 
@@ -438,7 +433,7 @@ def skip_reason(row, services, frameworks):
     absent = [m for m in row.needs if not frameworks.get(m)]
     if absent:
         return (f"Python package(s) {', '.join(absent)} not importable "
-                f"(pip install '.[bench]')")
+                f"(pip install '.[bench-apps]')")
     return None
 
 
@@ -557,7 +552,7 @@ def measure_http(cfg, row, pids, port, script, check_pids=None):
 
 
 def worker_command(cfg, loop, row, count=None, services=None, window=False):
-    cmd = [cfg.python, WORKER_PY, "--loop", loop]
+    cmd = [cfg.python, *WORKER_PY, "--loop", loop]
     if row.how == "server":
         return cmd + ["--kind", row.params["server"], "--port", "0"]
     cmd += ["--kind", row.name, "--count", str(count), "--concurrency", str(row.conns)]
@@ -638,7 +633,7 @@ def run_gunicorn(cfg, loop, row, workdir, script):
     errlog = os.path.join(workdir, "gunicorn.err")
     port = free_port()
     env = dict(cfg.env)
-    env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in env.get("PYTHONPATH", "").split(
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(
         os.pathsep) if p])
     with open(errlog, "wb") as err:
         proc = subprocess.Popen(gunicorn_command(cfg, loop, row, port), stdin=subprocess.DEVNULL,
@@ -779,7 +774,7 @@ def table(rows, loops):
                 cells.append("skip" if r["skipped"] else "ERROR" if c in r["errors"]
                              else fmt(r[metric].get(c)))
         cells += [harness.fmt_ratio(r["tl_vs_asyncio"]), harness.fmt_ratio(r["tl_vs_uvloop"]),
-                  _target_text(), r["verdict"] or "n/a"]
+                  _target_text(), harness.result_cell(r["verdict"], r["tl_vs_asyncio"], loops)]
         body.append(cells)
     return header, body
 
@@ -796,7 +791,7 @@ def format_markdown(rows, loops):
 
 
 def reproduce_command(args, cfg):
-    parts = harness.command_prefix(harness.script_invocation(__file__), cfg.loops,
+    parts = harness.command_prefix(["-m", "bench.apps"], cfg.loops,
                                    args.quick, cfg.repeat)
     if any(r.how != "client" for r in cfg.rows):
         parts += ["--duration", f"{cfg.duration:g}", "--warmup", f"{cfg.warmup:g}"]
@@ -809,22 +804,13 @@ def reproduce_command(args, cfg):
     return " ".join(parts)
 
 
-def plot_module():
-    """tideloop._bench.plot (this checkout's copy), or None when it does not
-    exist here; its own import errors propagate."""
-    name = bench_package.__name__ + ".plot"
-    if importlib.util.find_spec(name) is None:
-        return None
-    return importlib.import_module(name)
-
-
 # --------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------
 
 def build_parser():
     p = argparse.ArgumentParser(
-        prog="bench/apps.py",
+        prog="python -m bench.apps",
         description="Real-app benchmark (issue 14): aiohttp and uvicorn+Starlette "
                     "servers (alone and as gunicorn's 2 workers) under wrk, asyncpg "
                     "and redis-py clients against PostgreSQL and redis-server started "
@@ -853,9 +839,7 @@ def build_parser():
                    help="before each run, wait up to S seconds for the machine to be idle "
                         "(default: 0, do not wait)")
     harness.add_output_options(p)
-    p.add_argument("--plot", default=None, metavar="PATH",
-                   help="also draw the results to PATH (.svg, .png) with "
-                        "tideloop._bench.plot (needs that module and matplotlib)")
+    plot.add_plot_option(p)
     harness.add_verdict_options(p)
     return p
 
@@ -900,41 +884,34 @@ def make_config(args):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     started = time.time()
-    log = harness.log_stderr
+    log = harness.Progress()
+    say = harness.say
     cfg = make_config(args)
     if cfg is None:
         return 2
-    plot = None
-    if args.plot:
-        try:
-            plot = plot_module()
-        except ImportError as exc:
-            return harness.usage_error(f"--plot: tideloop._bench.plot does not import "
-                                       f"({harness.exc_reason(exc)})")
-        if plot is None:
-            return harness.usage_error(
-                "--plot: this checkout has no tideloop._bench.plot (src/tideloop/_bench/"
-                "plot.py, the plotting module); run without --plot, or draw the --json "
-                "document later with python -m tideloop._bench.plot")
-        if hasattr(plot, "check_plot_option") and plot.check_plot_option(args.plot):
-            return 2
+    bad_plot = plot.check_plot_option(args.plot)
+    if bad_plot is not None:
+        return bad_plot
 
     versions = procs.loop_versions(cfg.python, cfg.env, ROOT)
+    cfg.loops, skipped = procs.measurable_loops(cfg.loops, versions)
     core = procs.CoreWatch(versions, cfg.loops)
     cpus = harness.usable_cpus()
     frameworks = framework_versions(cfg)
     n_runs = len(cfg.rows) * len(cfg.loops) * cfg.repeat
-    log(f"tideloop app benchmark: CPython {platform.python_version()}, "
+    say(f"tideloop app benchmark: CPython {platform.python_version()}, "
         f"{platform.system()} {platform.machine()}, {cpus} CPU(s) shared by the Python "
         f"process and its load/services (nothing pinned); median of {cfg.repeat} "
         f"interleaved runs; {n_runs} runs\n")
-    if not procs.log_loop_versions(log, cfg.loops, versions, "workers'"):
+    if not procs.log_loop_versions(say, cfg.loops, versions, "workers'", skipped):
         return 2
-    log("  " + ", ".join(f"{k} {v}" for k, v in frameworks.items() if v) + "\n")
+    say("  " + ", ".join(f"{k} {v}" for k, v in frameworks.items() if v) + "\n")
+    harness.say_verdict_legend(cfg.loops, "tideloop's CPU per op")
+    say("          SKIP = the row cannot run here (the reason is under the table)\n")
 
     workdir = tempfile.mkdtemp(prefix="tideloop-apps-")
     try:
-        with Services(cfg.rows, workdir, log) as services:
+        with Services(cfg.rows, workdir, harness.log_stderr) as services:
             service_versions = services.versions()
             results = run_rows(cfg, cfg.rows, services, frameworks, workdir, log)
     finally:
@@ -992,13 +969,9 @@ def main(argv=None):
     if args.json:
         harness.write_json(args.json, doc)
     status = exit_status(results, args.fail_on_miss)
-    if plot is not None:
-        title = "Real apps (bench/apps.py): the Python process's CPU per operation"
-        try:
-            drawn = plot.draw_run(doc, args.plot, title=title)
-        except TypeError:                     # a draw_run without a title
-            drawn = plot.draw_run(doc, args.plot)
-        if drawn != 0:
+    if args.plot:
+        title = "Real apps (python -m bench.apps): the Python process's CPU per operation"
+        if plot.draw_run(doc, args.plot, title=title) != 0:
             status = status or 1
     return status
 

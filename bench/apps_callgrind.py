@@ -3,9 +3,9 @@
 loop, under callgrind: the loop's own code against the interpreter, the
 framework's compiled code and libc.
 
-    python bench/apps_callgrind.py --results results/apps.json   # the rows that missed
-    python bench/apps_callgrind.py --only uvicorn-text,redis --loops uvloop,tideloop
-    python bench/apps_callgrind.py --results results/apps.json --markdown --json results/apps-callgrind.json
+    python -m bench.apps_callgrind --results results/apps.json   # the rows that missed
+    python -m bench.apps_callgrind --only uvicorn-text,redis --loops uvloop,tideloop
+    python -m bench.apps_callgrind --results results/apps.json --markdown --json results/apps-callgrind.json
 
 For each row and loop, bench/apps_worker.py runs under
 ``valgrind --tool=callgrind --instr-atstart=no``; instrumentation is switched
@@ -60,8 +60,8 @@ import sysconfig
 import tempfile
 import time
 
-from _harness import harness, procs
-import apps
+from bench import apps, procs
+from tideloop._bench import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -375,7 +375,7 @@ def rerender(path, markdown):
 
 def build_parser():
     p = argparse.ArgumentParser(
-        prog="bench/apps_callgrind.py",
+        prog="python -m bench.apps_callgrind",
         description="Callgrind breakdown of app-benchmark rows (bench/apps.py): "
                     "instructions per op in the loop, the interpreter, the framework's "
                     "extensions and libc, for uvloop and tideloop, with a parsed verdict.")
@@ -473,7 +473,7 @@ def main(argv=None):
             shutil.rmtree(outdir, ignore_errors=True)
 
     report(out_rows, args.markdown)
-    command = " ".join(["python3"] + harness.script_invocation(__file__) + sys.argv[1:])
+    command = " ".join(["python3"] + ["-m", "bench.apps_callgrind"] + sys.argv[1:])
     harness.print_reproduce(command, time.time() - started)
     if args.json:
         doc = harness.json_head(FORMAT, command, started, time.time() - started)

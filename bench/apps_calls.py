@@ -2,8 +2,8 @@
 one loop against another (the lead-finder for issue 14's "interpreter
 instructions per request" gap).
 
-    PYTHONPATH=src python3 bench/apps_calls.py                 # uvloop vs tideloop
-    PYTHONPATH=src python3 bench/apps_calls.py --conns 50 --path /json
+    PYTHONPATH=src python3 -m bench.apps_calls                 # uvloop vs tideloop
+    PYTHONPATH=src python3 -m bench.apps_calls --conns 50 --path /json
 
 For each loop a fresh server process runs the app under aiohttp.web.run_app
 (as bench/apps_worker.py does); a raw-socket client in this process sends
@@ -34,17 +34,16 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # -- server (a child process) ---------------------------------------------------
 
 def serve(loop_name, out):
-    sys.path.insert(0, HERE)
     import asyncio
     from aiohttp import web
-    import apps_app
-    from _harness import harness
+    from bench import apps_app
+    from tideloop._bench import harness
 
     counts = collections.Counter()
 
@@ -129,13 +128,13 @@ def measure(loop_name, args):
     """{(file, line, name): calls} of the server over args.requests; with
     args.callgrind, apps_callgrind.py's breakdown of them instead."""
     out = f"/tmp/apps_calls.{os.getpid()}.{loop_name}.json"
-    cmd = [sys.executable, __file__, "--serve", loop_name, out]
+    cmd = [sys.executable, "-m", "bench.apps_calls", "--serve", loop_name, out]
     if args.callgrind:
         import tempfile
-        import apps_callgrind as cg
+        from bench import apps_callgrind as cg
         outdir = args.keep or tempfile.mkdtemp(prefix="apps_calls.")
         cmd = cg.valgrind_prefix(outdir) + cmd
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT,
                             stderr=subprocess.DEVNULL if args.callgrind else None)
     try:
         line = proc.stdout.readline()

@@ -2,7 +2,7 @@
 """The Python side of the app benchmark (bench/apps.py): one row, one loop,
 one process.
 
-    python bench/apps_worker.py --loop asyncio|uvloop|tideloop --kind KIND [options]
+    python -m bench.apps_worker --loop asyncio|uvloop|tideloop --kind KIND [options]
 
 Servers (print "READY <port>", serve until SIGTERM; the driver loads them with
 wrk and reads this process's CPU from /proc):
@@ -60,9 +60,8 @@ import socket
 import sys
 import time
 
-from _harness import harness
+from tideloop._bench import harness
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 SERVER_KINDS = ("aiohttp", "uvicorn")
 CLIENT_KINDS = ("asyncpg-query", "asyncpg-copy", "asyncpg-fetch", "redis",
                 "redis-pipeline", "websockets")
@@ -87,7 +86,7 @@ def listening_socket(host, port):
 
 def serve_aiohttp(args):
     from aiohttp import web
-    import apps_app
+    from bench import apps_app
 
     sock = listening_socket(args.host, args.port)
     port = sock.getsockname()[1]
@@ -100,7 +99,7 @@ def serve_aiohttp(args):
 
 def serve_uvicorn(args):
     import uvicorn
-    import apps_app
+    from bench import apps_app
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None):
@@ -318,7 +317,6 @@ def build_parser():
 
 def main():
     args = build_parser().parse_args()
-    sys.path.insert(0, HERE)
     if args.kind == "aiohttp":
         serve_aiohttp(args)
     elif args.kind == "uvicorn":

@@ -3,7 +3,7 @@
 the same workloads on a build without them (--base, a git revision) and on
 this checkout, with callback timing off and on.
 
-    python bench/diag_overhead.py --base REV [--json PATH]
+    python -m bench.diag_overhead --base REV [--json PATH]
 
 Workloads (each under callgrind, the slope between two run lengths, so the
 interpreter's start-up does not count):
@@ -47,9 +47,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-from _harness import procs  # noqa: E402  (bench/ is not a package)
-from tls_instr import parse_callgrind  # noqa: E402
+from bench import procs
+from bench.tls_instr import parse_callgrind
 
 IDLE_THREAD = """
 import threading
@@ -64,10 +63,8 @@ loop.close()
 """
 MICRO_N = (20000, 60000)
 ECHO_MAIN = """
-import os, runpy, sys
-sys.argv = sys.argv[1:]
-sys.path.insert(0, os.path.dirname(sys.argv[0]))    # as 'python SCRIPT' does
-runpy.run_path(sys.argv[0], run_name="__main__")
+import runpy
+runpy.run_module("bench.echo_servers", run_name="__main__", alter_sys=True)
 """
 PRELUDE = [IDLE_THREAD]     # emptied by --no-idle-thread
 ECHO_SECONDS = (3, 9)
@@ -97,10 +94,10 @@ def run_echo(python, src, extra_env, workdir, tag):
     for seconds in ECHO_SECONDS:
         env = dict(os.environ, PYTHONPATH=src, PYTHONHASHSEED="0", **extra_env)
         cmd, out = callgrind([python, "-c", "".join(PRELUDE) + ECHO_MAIN,
-                              os.path.join(HERE, "echo_servers.py"), "--loop",
+                              "--loop",
                               "tideloop", "--kind", "protocol", "--port", "0"],
                              env, workdir, f"{tag}-{seconds}")
-        server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+        server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, cwd=ROOT,
                                   stderr=subprocess.DEVNULL, text=True)
         try:
             line = server.stdout.readline()
@@ -183,7 +180,7 @@ def main(argv=None):
         print(f"{name:10} {cells[0]} {cells[1]} {cells[2][1:]} {cells[3]}")
     verdict = "OK" if ok else "FAILED"
     print(f"verdict: {verdict}")
-    print(f"reproduce: python bench/diag_overhead.py --base {args.base}"
+    print(f"reproduce: python -m bench.diag_overhead --base {args.base}"
           + (" --no-idle-thread" if not PRELUDE else ""))
     print(f"({time.monotonic() - t_start:.1f} s)")
     if args.json:

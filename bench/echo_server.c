@@ -16,19 +16,10 @@
  * killed (SIGTERM / SIGINT).
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/epoll.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
+
+#include "loadgen_common.h"
 
 #define BUF_SIZE (256 * 1024)
 
@@ -118,63 +109,19 @@ static void on_conn(struct conn *c, uint32_t events)
 
 int main(int argc, char **argv)
 {
+    static const struct lg_usage usage = {"echo_server", "usage: echo_server PORT [--unix PATH]\n"};
     const char *unix_path = NULL;
     const char *port_arg = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--unix") == 0 && i + 1 < argc)
-            unix_path = argv[++i];
-        else if (!port_arg && argv[i][0] != '-')
-            port_arg = argv[i];
-        else {
-            fprintf(stderr, "usage: echo_server PORT [--unix PATH]\n");
-            return 2;
-        }
-    }
-    if (!port_arg && !unix_path) {
-        fprintf(stderr, "usage: echo_server PORT [--unix PATH]\n");
-        return 2;
-    }
+    const struct lg_opt opts[] = {{"--unix", LG_STRING, &unix_path}, {NULL, LG_FLAG, NULL}};
+    lg_parse_args(argc, argv, opts, &port_arg, 1, &usage);
+    if (!port_arg && !unix_path)
+        lg_die_usage(&usage, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    int lfd;
     char where[128];
-    if (unix_path) {
-        struct sockaddr_un sun;
-        memset(&sun, 0, sizeof(sun));
-        sun.sun_family = AF_UNIX;
-        if (strlen(unix_path) >= sizeof(sun.sun_path)) {
-            fprintf(stderr, "echo_server: path too long\n");
-            return 2;
-        }
-        strcpy(sun.sun_path, unix_path);
-        unlink(unix_path);
-        lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (lfd < 0 || bind(lfd, (struct sockaddr *)&sun, sizeof(sun)) < 0) {
-            perror("echo_server: bind");
-            return 1;
-        }
-        snprintf(where, sizeof(where), "%s", unix_path);
-    } else {
-        struct sockaddr_in sin;
-        memset(&sin, 0, sizeof(sin));
-        sin.sin_family = AF_INET;
-        sin.sin_port = htons((unsigned short)atoi(port_arg));
-        sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        int one = 1;
-        setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (lfd < 0 || bind(lfd, (struct sockaddr *)&sin, sizeof(sin)) < 0) {
-            perror("echo_server: bind");
-            return 1;
-        }
-        socklen_t len = sizeof(sin);
-        getsockname(lfd, (struct sockaddr *)&sin, &len);
-        snprintf(where, sizeof(where), "%d", ntohs(sin.sin_port));
-    }
-    if (listen(lfd, 1024) < 0) {
-        perror("echo_server: listen");
-        return 1;
-    }
+    int lfd = lg_listen("echo_server", port_arg, unix_path, where, sizeof(where));
+    if (lfd < 0)
+        return lfd == -2 ? 2 : 1;
     epfd = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event ev;
     ev.events = EPOLLIN;
@@ -199,13 +146,9 @@ int main(int argc, char **argv)
                 continue;
             }
             for (;;) {
-                int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                int fd = lg_accept(lfd, unix_path != NULL);
                 if (fd < 0)
                     break;              /* EAGAIN, or EMFILE & co: retry on the next event */
-                if (!unix_path) {
-                    int one = 1;
-                    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-                }
                 struct conn *c = malloc(sizeof(*c));
                 if (!c) {
                     close(fd);

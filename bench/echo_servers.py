@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Echo servers for the network benchmark, one per asyncio API, on any loop.
 
-    python bench/echo_servers.py --loop asyncio|uvloop|tideloop \\
+    python -m bench.echo_servers --loop asyncio|uvloop|tideloop \\
         --kind protocol|buffered|streams|sockets|tls-protocol|tls-streams \\
         --port P [--unix PATH] [--cert PEM]
 
@@ -44,7 +44,7 @@ import os
 import socket
 import ssl
 
-from _harness import harness
+from tideloop._bench import harness
 
 KINDS = ("protocol", "buffered", "streams", "sockets", "tls-protocol", "tls-streams")
 CERT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

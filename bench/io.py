@@ -2,10 +2,10 @@
 """I/O benchmark (issue #5): UDP echo, subprocesses and pipes on asyncio,
 uvloop and tideloop, measured side by side in one run.
 
-    python bench/io.py                                   # everything, ~5 min
-    python bench/io.py --quick                           # CI smoke, < 1 min
-    python bench/io.py --only udp --sizes 64 --inflight 1,16 --repeat 5
-    python bench/io.py --markdown --json io-results.json
+    python -m bench.io                                   # everything, ~5 min
+    python -m bench.io --quick                           # CI smoke, < 1 min
+    python -m bench.io --only udp --sizes 64 --inflight 1,16 --repeat 5
+    python -m bench.io --markdown --json io-results.json
 
 Rows:
   udp         a DatagramProtocol echo server (bench/io_worker.py --kind udp)
@@ -44,12 +44,13 @@ import sys
 import tempfile
 import time
 
-from _harness import harness, plot, procs
+from bench import plot, procs
+from tideloop._bench import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SRC = os.path.join(ROOT, "src")
-WORKER_PY = os.path.join(HERE, "io_worker.py")
+WORKER_PY = ["-m", "bench.io_worker"]   # run from the checkout's root (cwd=ROOT)
 C_PROGRAMS = ("udpgen",)
 
 FLOOR = "blocking"                    # the no-loop floor of the pipe rows
@@ -112,7 +113,7 @@ def _stderr_reason(path, fallback):
 
 
 def worker_command(cfg, loop, row):
-    cmd = [cfg.python, WORKER_PY, "--loop", loop, "--kind", row.workload]
+    cmd = [cfg.python, *WORKER_PY, "--loop", loop, "--kind", row.workload]
     p = row.params
     if row.workload == "udp":
         cmd += ["--port", "0"]
@@ -266,10 +267,12 @@ def _verdict(res):
             checks.append(None)
         else:
             checks.append(r <= limit)
-    if None in checks or not checks:
-        res["verdict"] = None                # n/a: a figure is missing
+    if False in checks:
+        res["verdict"] = "FAIL"              # whatever else is missing
+    elif None in checks or not checks:
+        res["verdict"] = None                # a figure is missing: see harness.result_cell
     else:
-        res["verdict"] = "PASS" if all(checks) else "FAIL"
+        res["verdict"] = "PASS"
 
 
 # --------------------------------------------------------------------------
@@ -330,7 +333,8 @@ def _table(results, loops, floor):
             cells.append("ERROR" if c in r["errors"] else _fmt_cost(r["cpu_per_unit"].get(c)))
         cells += [r["cpu_unit"], harness.fmt_ratio(r["tl_vs_uvloop"]), harness.fmt_ratio(r["tl_vs_asyncio"]),
                   harness.fmt_ratio(r["wall_tl_vs_uvloop"]), harness.fmt_ratio(r["wall_tl_vs_asyncio"]),
-                  "<=0.80x uv, <=0.50x aio", r["verdict"] or "n/a"]
+                  "<=0.80x uv, <=0.50x aio",
+                  harness.result_cell(r["verdict"], r["tl_vs_asyncio"], loops)]
         body.append(cells)
     return header, body
 
@@ -351,7 +355,7 @@ def _left(header):
 
 
 def reproduce_command(args, cfg):
-    parts = harness.command_prefix(harness.script_invocation(__file__), cfg.loops,
+    parts = harness.command_prefix(["-m", "bench.io"], cfg.loops,
                                    args.quick, cfg.repeat)
     if args.only:
         parts += ["--only", ",".join(cfg.workloads)]
@@ -376,7 +380,7 @@ def reproduce_command(args, cfg):
 
 def build_parser():
     p = argparse.ArgumentParser(
-        prog="bench/io.py",
+        prog="python -m bench.io",
         description="I/O benchmark for issue #5: a UDP echo server (DatagramProtocol) "
                     "loaded by a C generator, spawning and awaiting short subprocesses, "
                     "and 1 GiB through a pipe each way, on asyncio, uvloop and tideloop; "
@@ -445,7 +449,8 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     started = time.time()
 
-    log = harness.log_stderr
+    log = harness.Progress()
+    say = harness.say
     cfg = procs.driver_config(args, WORKLOADS, "workload", durations=(0.5, 3.0),
                               warmups=(0.2, 0.5), src=SRC)
     if cfg is None:
@@ -463,15 +468,17 @@ def main(argv=None):
     paths = (procs.build_c(HERE, C_PROGRAMS, "io.py", force=args.rebuild, log=log)
              if "udp" in cfg.workloads else {})
     versions = procs.loop_versions(cfg.python, cfg.env, ROOT)
+    cfg.loops, skipped = procs.measurable_loops(cfg.loops, versions)
     core = procs.CoreWatch(versions, cfg.loops)
     cpus = harness.usable_cpus()
     n_runs = sum(cfg.repeat * (len(cfg.loops) + (1 if cfg.floor and r.has_floor else 0))
                  for r in rows)
-    log(f"tideloop I/O benchmark: CPython {platform.python_version()}, "
+    say(f"tideloop I/O benchmark: CPython {platform.python_version()}, "
         f"{platform.system()} {platform.machine()}, {cpus} CPU(s), nothing pinned; "
         f"median of {cfg.repeat} interleaved runs; {n_runs} runs\n")
-    if not procs.log_loop_versions(log, cfg.loops, versions, "workers'"):
+    if not procs.log_loop_versions(say, cfg.loops, versions, "workers'", skipped):
         return 2
+    harness.say_verdict_legend(cfg.loops, "tideloop's CPU per unit")
 
     results = run_matrix(rows, cfg, paths, log)
     elapsed = time.time() - started

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The loop side of the I/O benchmark (bench/io.py), one workload per process.
 
-    python bench/io_worker.py --loop asyncio|uvloop|tideloop --kind KIND [options]
+    python -m bench.io_worker --loop asyncio|uvloop|tideloop --kind KIND [options]
 
 Kinds:
 
@@ -46,7 +46,7 @@ import resource
 import subprocess
 import time
 
-from _harness import harness
+from tideloop._bench import harness
 
 KINDS = ("udp", "spawn", "spawn_pipe", "pipe_read", "pipe_write")
 LOOPS = harness.ALL_LOOPS + ("blocking",)

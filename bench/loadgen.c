@@ -30,24 +30,11 @@
  * Loopback only: HOST must be a 127.0.0.0/8 address, ::1 or "localhost".
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <signal.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <time.h>
-#include <unistd.h>
 
-#define PATTERN_PERIOD 4093u      /* a prime: request k starts at offset k*P % ... */
+#include "loadgen_common.h"
 
 struct conn {
     uint32_t id;
@@ -67,129 +54,32 @@ static unsigned char *scratch;
 static size_t scratch_size;
 static size_t msg_size;
 
-static int64_t *latencies;        /* ns, completed requests of the window */
-static size_t n_lat, cap_lat;
+static struct lg_latencies lat;  /* completed requests of the window */
 
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
+static const struct lg_usage usage = {
+    "loadgen",
+    "usage: loadgen HOST PORT --conns N --size BYTES --duration SECONDS\n"
+    "               [--warmup SECONDS] [--unix PATH] [--hold]\n",
+};
 
-static void die_usage(const char *msg)
+static int open_conn(int family, const void *addr, long port, const char *unix_path)
 {
-    if (msg)
-        fprintf(stderr, "loadgen: %s\n", msg);
-    fprintf(stderr,
-            "usage: loadgen HOST PORT --conns N --size BYTES --duration SECONDS\n"
-            "               [--warmup SECONDS] [--unix PATH] [--hold]\n");
-    exit(2);
-}
-
-static void add_latency(int64_t ns)
-{
-    if (n_lat == cap_lat) {
-        size_t cap = cap_lat ? cap_lat * 2 : 65536;
-        int64_t *p = realloc(latencies, cap * sizeof(*p));
-        if (!p)
-            return;             /* percentiles get less precise, nothing else */
-        latencies = p;
-        cap_lat = cap;
+    struct sockaddr_storage ss;
+    socklen_t len = lg_sockaddr(&ss, family, addr, port, unix_path);
+    if (!len)
+        return -1;
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    /* Blocking connect: on loopback it completes (or fails) at once. */
+    if (connect(fd, (struct sockaddr *)&ss, len) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
     }
-    latencies[n_lat++] = ns;
-}
-
-static int cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
-static double percentile_us(double q)
-{
-    if (!n_lat)
-        return 0.0;
-    size_t i = (size_t)(q * (double)(n_lat - 1) + 0.5);
-    if (i >= n_lat)
-        i = n_lat - 1;
-    return (double)latencies[i] / 1000.0;
-}
-
-static int is_loopback(const char *host, int *family, void *addr)
-{
-    if (strcmp(host, "localhost") == 0)
-        host = "127.0.0.1";
-    struct in_addr a4;
-    struct in6_addr a6;
-    if (inet_pton(AF_INET, host, &a4) == 1) {
-        if ((ntohl(a4.s_addr) >> 24) != 127)
-            return 0;
-        *family = AF_INET;
-        memcpy(addr, &a4, sizeof(a4));
-        return 1;
-    }
-    if (inet_pton(AF_INET6, host, &a6) == 1) {
-        if (!IN6_IS_ADDR_LOOPBACK(&a6))
-            return 0;
-        *family = AF_INET6;
-        memcpy(addr, &a6, sizeof(a6));
-        return 1;
-    }
-    return 0;
-}
-
-static int open_conn(int family, const void *addr, int port, const char *unix_path)
-{
-    int fd;
-    if (unix_path) {
-        struct sockaddr_un sun;
-        memset(&sun, 0, sizeof(sun));
-        sun.sun_family = AF_UNIX;
-        if (strlen(unix_path) >= sizeof(sun.sun_path)) {
-            errno = ENAMETOOLONG;
-            return -1;
-        }
-        strcpy(sun.sun_path, unix_path);
-        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0)
-            return -1;
-        if (connect(fd, (struct sockaddr *)&sun, sizeof(sun)) < 0) {
-            int e = errno;
-            close(fd);
-            errno = e;
-            return -1;
-        }
-    } else {
-        struct sockaddr_storage ss;
-        socklen_t len;
-        memset(&ss, 0, sizeof(ss));
-        if (family == AF_INET) {
-            struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
-            sin->sin_family = AF_INET;
-            sin->sin_port = htons((uint16_t)port);
-            memcpy(&sin->sin_addr, addr, sizeof(sin->sin_addr));
-            len = sizeof(*sin);
-        } else {
-            struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
-            sin6->sin6_family = AF_INET6;
-            sin6->sin6_port = htons((uint16_t)port);
-            memcpy(&sin6->sin6_addr, addr, sizeof(sin6->sin6_addr));
-            len = sizeof(*sin6);
-        }
-        fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0)
-            return -1;
-        /* Blocking connect: on loopback it completes (or fails) at once. */
-        if (connect(fd, (struct sockaddr *)&ss, len) < 0) {
-            int e = errno;
-            close(fd);
-            errno = e;
-            return -1;
-        }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    }
+    if (!unix_path)
+        lg_nodelay(fd);
     int fl = fcntl(fd, F_GETFL);
     fcntl(fd, F_SETFL, fl | O_NONBLOCK);
     return fd;
@@ -254,53 +144,36 @@ static void start_request(struct conn *c, int64_t t)
 
 int main(int argc, char **argv)
 {
-    const char *host = NULL, *unix_path = NULL;
-    long port = -1, conns = -1;
+    const char *unix_path = NULL;
+    const char *pos[2] = {NULL, NULL};      /* HOST PORT */
+    long conns = -1;
     long long size = -1;
     double duration = -1, warmup = 0;
     int hold = 0;
-
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--conns") == 0 && i + 1 < argc)
-            conns = strtol(argv[++i], NULL, 10);
-        else if (strcmp(a, "--size") == 0 && i + 1 < argc)
-            size = strtoll(argv[++i], NULL, 10);
-        else if (strcmp(a, "--duration") == 0 && i + 1 < argc)
-            duration = strtod(argv[++i], NULL);
-        else if (strcmp(a, "--warmup") == 0 && i + 1 < argc)
-            warmup = strtod(argv[++i], NULL);
-        else if (strcmp(a, "--unix") == 0 && i + 1 < argc)
-            unix_path = argv[++i];
-        else if (strcmp(a, "--hold") == 0)
-            hold = 1;
-        else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
-            die_usage(NULL);
-        else if (a[0] == '-' && a[1] == '-')
-            die_usage("unknown option or missing value");
-        else if (!host)
-            host = a;
-        else if (port < 0)
-            port = strtol(a, NULL, 10);
-        else
-            die_usage("too many arguments");
-    }
+    const struct lg_opt opts[] = {
+        {"--conns", LG_LONG, &conns}, {"--size", LG_LLONG, &size},
+        {"--duration", LG_DOUBLE, &duration}, {"--warmup", LG_DOUBLE, &warmup},
+        {"--unix", LG_STRING, &unix_path}, {"--hold", LG_FLAG, &hold}, {NULL, LG_FLAG, NULL},
+    };
+    lg_parse_args(argc, argv, opts, pos, 2, &usage);
+    const char *host = pos[0];
+    long port = pos[1] ? strtol(pos[1], NULL, 10) : -1;
     if (!host || port < 0 || conns <= 0 || size <= 0 || duration <= 0 || warmup < 0)
-        die_usage("HOST, PORT, --conns, --size and --duration are required");
+        lg_die_usage(&usage, "HOST, PORT, --conns, --size and --duration are required");
     if (port > 65535 || conns > 100000 || size > (1LL << 30) || duration > 3600)
-        die_usage("argument out of range");
+        lg_die_usage(&usage, "argument out of range");
 
     int family = AF_INET;
     unsigned char addr[16];
-    if (!unix_path && !is_loopback(host, &family, addr))
-        die_usage("HOST must be a loopback address (127.0.0.0/8, ::1, localhost)");
+    if (!unix_path && !lg_loopback(host, &family, addr))
+        lg_die_usage(&usage, "HOST must be a loopback address (127.0.0.0/8, ::1, localhost)");
 
     signal(SIGPIPE, SIG_IGN);
     msg_size = (size_t)size;
 
     /* The pattern: xorshift bytes; request k of connection c is the window
      * [offset, offset + size) with offset moving by a prime each request. */
-    pattern = malloc(msg_size + PATTERN_PERIOD);
+    pattern = lg_make_pattern(msg_size + PATTERN_PERIOD);
     scratch_size = msg_size < 262144 ? msg_size : 262144;
     scratch = malloc(scratch_size);
     struct conn *cs = calloc((size_t)conns, sizeof(*cs));
@@ -308,21 +181,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "loadgen: out of memory\n");
         return 2;
     }
-    uint32_t x = 2463534242u;
-    for (size_t i = 0; i < msg_size + PATTERN_PERIOD; i++) {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        pattern[i] = (unsigned char)(x >> 11);
-    }
-
     epfd = epoll_create1(EPOLL_CLOEXEC);
     if (epfd < 0) {
         perror("loadgen: epoll_create1");
         return 2;
     }
     for (long i = 0; i < conns; i++) {
-        int fd = open_conn(family, addr, (int)port, unix_path);
+        int fd = open_conn(family, addr, port, unix_path);
         if (fd < 0) {
             fprintf(stderr, "loadgen: connect #%ld to %s: %s\n", i,
                     unix_path ? unix_path : host, strerror(errno));
@@ -340,7 +205,7 @@ int main(int argc, char **argv)
         }
     }
 
-    int64_t t_begin = now_ns();
+    int64_t t_begin = lg_now_ns();
     int64_t t_window = t_begin + (int64_t)(warmup * 1e9);
     int64_t t_end = t_window + (int64_t)(duration * 1e9);
     int measuring = warmup <= 0;
@@ -357,7 +222,7 @@ int main(int argc, char **argv)
         start_request(&cs[i], t_begin);
 
     struct epoll_event events[256];
-    int64_t t = now_ns();
+    int64_t t = lg_now_ns();
     while (t < t_end) {
         if (!measuring && t >= t_window) {
             measuring = 1;
@@ -380,7 +245,7 @@ int main(int argc, char **argv)
                 return 2;
             }
         }
-        t = now_ns();
+        t = lg_now_ns();
         for (int k = 0; k < n; k++) {
             struct conn *c = events[k].data.ptr;
             if (!c->alive)
@@ -415,7 +280,7 @@ int main(int argc, char **argv)
                         errors++;
                     if (measuring && t < t_end) {
                         requests++;
-                        add_latency(t - c->started_ns);
+                        lg_add_latency(&lat, t - c->started_ns);
                     }
                     if (t >= t_end)
                         break;
@@ -434,40 +299,24 @@ int main(int argc, char **argv)
         if (!any)
             break;                /* every connection failed: stop early */
     }
-    int64_t t_stop = now_ns();
+    int64_t t_stop = lg_now_ns();
     if (t_stop > t_end)
         t_stop = t_end;
     struct rusage ru1;
     getrusage(RUSAGE_SELF, &ru1);
 
     double seconds = measuring ? (double)(t_stop - t_measure) / 1e9 : 0.0;
-    double cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec)
-               + (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) / 1e6
-               + (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec)
-               + (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) / 1e6;
     long alive = 0;
     for (long i = 0; i < conns; i++)
         alive += cs[i].alive;
-    qsort(latencies, n_lat, sizeof(*latencies), cmp_i64);
-    uint64_t window_errors = errors - errors_at_window;
-    printf("{\"requests\": %llu, \"seconds\": %.6f, \"rps\": %.1f, \"bytes\": %llu, "
-           "\"errors\": %llu, \"warmup_errors\": %llu, \"conns\": %ld, \"conns_alive\": %ld, "
-           "\"size\": %zu, \"latency_us\": {\"p50\": %.1f, \"p99\": %.1f, \"max\": %.1f}, "
-           "\"client_cpu_s\": %.4f}\n",
-           (unsigned long long)requests, seconds,
-           seconds > 0 ? (double)requests / seconds : 0.0,
-           (unsigned long long)(requests * (uint64_t)msg_size * 2u),
-           (unsigned long long)window_errors, (unsigned long long)errors_at_window,
-           conns, alive, msg_size,
-           percentile_us(0.50), percentile_us(0.99),
-           n_lat ? (double)latencies[n_lat - 1] / 1000.0 : 0.0, cpu);
+    lg_print_head(requests, seconds, msg_size, errors - errors_at_window, errors_at_window);
+    printf("\"conns\": %ld, \"conns_alive\": %ld, ", conns, alive);
+    lg_print_tail(msg_size, &lat, lg_cpu_seconds(&ru0, &ru1));
+    printf("}\n");
     fflush(stdout);
 
-    if (hold) {
-        char buf[256];
-        while (read(0, buf, sizeof(buf)) > 0)
-            ;
-    }
+    if (hold)
+        lg_hold();
     for (long i = 0; i < conns; i++)
         kill_conn(&cs[i]);
     return errors ? 1 : 0;

@@ -3,11 +3,11 @@
 tideloop against a C epoll echo server, driven by a C closed-loop load
 generator; plain TCP and TLS 1.3.
 
-    python bench/net.py                                   # full matrix, ~25 min
-    python bench/net.py --quick                           # CI smoke, ~3 min
-    python bench/net.py --tls                             # the TLS rows only, ~9 min
-    python bench/net.py --loops asyncio,uvloop --only protocol,streams
-    python bench/net.py --markdown --json net-results.json
+    python -m bench.net                                   # full matrix, ~25 min
+    python -m bench.net --quick                           # CI smoke, ~3 min
+    python -m bench.net --tls                             # the TLS rows only, ~9 min
+    python -m bench.net --loops asyncio,uvloop --only protocol,streams
+    python -m bench.net --markdown --json net-results.json
 
 Matrix: kind (protocol, buffered, streams, sockets) x message size (1 KiB,
 10 KiB, 100 KiB) x connections (10, 100); TLS: kind (tls-protocol,
@@ -53,12 +53,13 @@ import sys
 import tempfile
 import time
 
-from _harness import harness, plot, procs
+from bench import plot, procs
+from tideloop._bench import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SRC = os.path.join(ROOT, "src")
-SERVERS_PY = os.path.join(HERE, "echo_servers.py")
+SERVERS_PY = ["-m", "bench.echo_servers"]   # run from the checkout's root (cwd=ROOT)
 CERTS_DIR = os.path.join(ROOT, "tests", "certs")
 CA_PEM = os.path.join(CERTS_DIR, "ca.pem")
 CERTS = {"ecdsa": os.path.join(CERTS_DIR, "server-ecdsa.pem"),
@@ -139,7 +140,7 @@ def server_command(server, cfg, paths, endpoint):
     loop, kind = server
     if kind == HANDSHAKE:
         kind = "tls-protocol"                # handshakes are measured on the Protocol server
-    cmd = [cfg.python, SERVERS_PY, "--loop", loop, "--kind", kind, "--port", "0"]
+    cmd = [cfg.python, *SERVERS_PY, "--loop", loop, "--kind", kind, "--port", "0"]
     if family(kind) != PLAIN:
         cmd += ["--cert", CERTS[cfg.cert]]
     if endpoint:
@@ -295,10 +296,12 @@ def _verdict(row):
     for ref, limit in targets.items():
         r = row["checked"][ref]
         checks.append(None if r is None else (r >= limit if rate else r <= limit))
-    if None in checks:
-        row["verdict"] = None            # n/a: a figure is missing
+    if False in checks:
+        row["verdict"] = "FAIL"          # whatever else is missing
+    elif None in checks:
+        row["verdict"] = None            # a figure is missing: see harness.result_cell
     else:
-        row["verdict"] = "PASS" if all(checks) else "FAIL"
+        row["verdict"] = "PASS"
 
 
 # --------------------------------------------------------------------------
@@ -362,7 +365,8 @@ def _table(rows, loops, floor):
         for c in cols:
             cells.append("ERROR" if c in r["errors"] else _fmt_us(r["cpu_us_per_req"].get(c)))
         cells += [harness.fmt_ratio(r["tl_vs_asyncio"]), harness.fmt_ratio(r["tl_vs_uvloop"]),
-                  harness.fmt_ratio(r["tl_vs_c"]), _fmt_target(r), r["verdict"] or "n/a"]
+                  harness.fmt_ratio(r["tl_vs_c"]), _fmt_target(r),
+                  harness.result_cell(r["verdict"], r["tl_vs_asyncio"], loops)]
         body.append(cells)
     return header, body
 
@@ -378,7 +382,7 @@ def format_markdown(rows, loops, floor):
 
 
 def reproduce_command(args, cfg):
-    parts = harness.command_prefix(harness.script_invocation(__file__), cfg.loops,
+    parts = harness.command_prefix(["-m", "bench.net"], cfg.loops,
                                    args.quick, cfg.repeat)
     parts += ["--duration", f"{cfg.duration:g}", "--warmup", f"{cfg.warmup:g}"]
     if args.only:
@@ -402,7 +406,7 @@ def reproduce_command(args, cfg):
 
 def build_parser():
     p = argparse.ArgumentParser(
-        prog="bench/net.py",
+        prog="python -m bench.net",
         description="Echo-server benchmark for issues #3 and #12: Protocol, "
                     "BufferedProtocol, streams and sock_* servers, and Protocol and "
                     "streams servers over TLS 1.3 (and TLS handshakes per second), on "
@@ -450,7 +454,8 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     started = time.time()
 
-    log = harness.log_stderr
+    log = harness.Progress()
+    say = harness.say
     cfg = procs.driver_config(args, KINDS, "kind", durations=(1.0, 3.0),
                               warmups=(0.25, 0.5), src=SRC)
     if cfg is None:
@@ -472,18 +477,19 @@ def main(argv=None):
                        if cfg.floor or "loadgen" in name})
     paths = procs.build_c(HERE, programs, "net.py", force=args.rebuild, log=log)
     versions = procs.loop_versions(cfg.python, cfg.env, ROOT)
+    cfg.loops, skipped = procs.measurable_loops(cfg.loops, versions)
     core = procs.CoreWatch(versions, cfg.loops)
     cpus = harness.usable_cpus()
     with_floor_kinds = floor_kinds(cfg.kinds) if cfg.floor else set()
     n_runs = sum(len(cfg.cells[k]) * (len(cfg.loops) + (k in with_floor_kinds))
                  for k in cfg.kinds) * cfg.repeat
-    log(f"tideloop network benchmark: CPython {platform.python_version()}, "
+    say(f"tideloop network benchmark: CPython {platform.python_version()}, "
         f"{platform.system()} {platform.machine()}, {cpus} CPU(s) shared by server and "
         f"loadgen (nothing pinned); {'Unix socket' if cfg.unix else 'TCP loopback'}; "
         f"median of {cfg.repeat} interleaved runs of {cfg.duration:g} s "
         f"(+{cfg.warmup:g} s warm-up); {n_runs} runs, "
         f"~{n_runs * (cfg.duration + cfg.warmup + 0.5) / 60:.1f} min\n")
-    if not procs.log_loop_versions(log, cfg.loops, versions, "servers'"):
+    if not procs.log_loop_versions(say, cfg.loops, versions, "servers'", skipped):
         return 2
     tls_info = None
     if families - {PLAIN}:
@@ -492,14 +498,15 @@ def main(argv=None):
         if cfg.floor:
             tls_info["c_server_openssl"] = procs.program_output(
                 [paths["tls_echo_server"], "--version"])
-        log(f"  {'TLS':<9} TLS 1.3, {tls_info['cert']}; servers' ssl module: "
+        say(f"  {'TLS':<9} TLS 1.3, {tls_info['cert']}; servers' ssl module: "
             f"{tls_info['python_ssl']}"
             + (f"; C server: {tls_info['c_server_openssl']}" if cfg.floor else "") + "\n")
     if cfg.floor and PLAIN in families:
-        log(f"  {'C':<9} {os.path.relpath(paths['echo_server'], ROOT)} (epoll, level-triggered)\n")
+        say(f"  {'C':<9} {os.path.relpath(paths['echo_server'], ROOT)} (epoll, level-triggered)\n")
     if cfg.floor and families - {PLAIN}:
-        log(f"  {'C (TLS)':<9} {os.path.relpath(paths['tls_echo_server'], ROOT)} "
+        say(f"  {'C (TLS)':<9} {os.path.relpath(paths['tls_echo_server'], ROOT)} "
             f"(epoll, level-triggered, OpenSSL)\n")
+    harness.say_verdict_legend(cfg.loops, "tideloop's CPU per request (or rate)")
 
     rows, floor = run_matrix(cfg, paths, log)
     elapsed = time.time() - started

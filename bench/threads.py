@@ -3,11 +3,11 @@
 one server process serving TCP echo, and one loop serving echo while
 asyncio.to_thread CPU jobs run; asyncio, uvloop and tideloop.
 
-    python bench/threads.py                        # N = 1, 2; ~4 min
-    python bench/threads.py --quick                # smoke, ~1 min
-    python bench/threads.py --n 1,2,4,8            # a bigger machine
-    python bench/threads.py --gil both             # free-threaded builds: GIL on and off
-    python bench/threads.py --json threads.json --plot threads.svg
+    python -m bench.threads                        # N = 1, 2; ~4 min
+    python -m bench.threads --quick                # smoke, ~1 min
+    python -m bench.threads --n 1,2,4,8            # a bigger machine
+    python -m bench.threads --gil both             # free-threaded builds: GIL on and off
+    python -m bench.threads --json threads.json --plot threads.svg
 
 echo   The server (bench/threads_worker.py echo) runs N loops, one per
        thread, each an asyncio.Protocol echo server on its own listening
@@ -75,12 +75,13 @@ import sysconfig
 import tempfile
 import time
 
-from _harness import harness, plot, procs
+from bench import plot, procs
+from tideloop._bench import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SRC = os.path.join(ROOT, "src")
-WORKER_PY = os.path.join(HERE, "threads_worker.py")
+WORKER_PY = ["-m", "bench.threads_worker"]   # run from the checkout's root (cwd=ROOT)
 
 PARTS = ("echo", "inproc", "mixed")
 NS = (1, 2)
@@ -136,7 +137,7 @@ def run_echo(loop, n, gil_mode, cfg, paths, workdir):
     """One server process with ``n`` loops under loadgen; a sample dict or
     harness.RunError."""
     errlog = os.path.join(workdir, "server.err")
-    cmd = [cfg.python, WORKER_PY, "echo", "--loop", loop, "--loops-n", str(n)]
+    cmd = [cfg.python, *WORKER_PY, "echo", "--loop", loop, "--loops-n", str(n)]
     conns = cfg.conns_per_loop * n
     with open(errlog, "wb") as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -202,7 +203,7 @@ def run_echo(loop, n, gil_mode, cfg, paths, workdir):
 
 def run_inproc(loop, n, gil_mode, cfg, workdir):
     errlog = os.path.join(workdir, "inproc.err")
-    cmd = [cfg.python, WORKER_PY, "inproc", "--loop", loop, "--loops-n", str(n),
+    cmd = [cfg.python, *WORKER_PY, "inproc", "--loop", loop, "--loops-n", str(n),
            "--size", str(cfg.size), "--warmup", f"{cfg.warmup:g}",
            "--window", f"{cfg.duration:g}"]
     result, _, _, _ = procs.run_to_result(
@@ -213,7 +214,7 @@ def run_inproc(loop, n, gil_mode, cfg, workdir):
 
 def run_mixed(loop, gil_mode, cfg, paths, workdir):
     errlog = os.path.join(workdir, "mixed.err")
-    cmd = [cfg.python, WORKER_PY, "mixed", "--loop", loop, "--loadgen", paths["loadgen"],
+    cmd = [cfg.python, *WORKER_PY, "mixed", "--loop", loop, "--loadgen", paths["loadgen"],
            "--conns", str(cfg.mixed_conns), "--size", str(cfg.size),
            "--warmup", f"{cfg.warmup:g}", "--window", f"{cfg.duration:g}",
            "--job-seconds", f"{cfg.job_seconds:g}"]
@@ -487,7 +488,7 @@ def format_report(doc, loops, markdown):
 
 
 def reproduce_command(args, cfg):
-    parts = harness.command_prefix(harness.script_invocation(__file__), cfg.loops,
+    parts = harness.command_prefix(["-m", "bench.threads"], cfg.loops,
                                    args.quick, cfg.repeat)
     parts += ["--duration", f"{cfg.duration:g}", "--warmup", f"{cfg.warmup:g}",
               "--n", ",".join(map(str, cfg.ns)), "--only", ",".join(cfg.parts)]
@@ -508,7 +509,7 @@ def reproduce_command(args, cfg):
 
 def build_parser():
     p = argparse.ArgumentParser(
-        prog="bench/threads.py",
+        prog="python -m bench.threads",
         description="Loops in threads: N event loops in N threads of one process "
                     "serving TCP echo (SO_REUSEPORT, a C load generator in another "
                     "process), and one loop serving echo beside asyncio.to_thread CPU "

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The server side of bench/threads.py: loops in threads of one process.
 
-    python bench/threads_worker.py echo --loop tideloop --loops-n 2
-    python bench/threads_worker.py mixed --loop tideloop --loadgen bench/bin/loadgen \\
+    python -m bench.threads_worker echo --loop tideloop --loops-n 2
+    python -m bench.threads_worker mixed --loop tideloop --loadgen bench/bin/loadgen \\
         --job-seconds 1 --window 1
 
 echo:  N loops in N threads, each an asyncio.Protocol echo server
@@ -53,7 +53,8 @@ import sys
 import threading
 import time
 
-from _harness import harness, procs
+from bench import procs
+from tideloop._bench import harness
 
 
 def gil_enabled():

@@ -29,22 +29,14 @@
  * killed (SIGTERM / SIGINT).  --version prints the OpenSSL it runs with.
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/epoll.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
 
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+
+#include "loadgen_common.h"
 
 #define PLAIN_SIZE (256 * 1024)     /* plaintext decrypted per batch, at most */
 #define READ_AHEAD (256 * 1024)     /* the SSL object's socket read buffer */
@@ -247,32 +239,27 @@ static SSL_CTX *make_ctx(const char *pem)
     return ctx;
 }
 
-static void usage(void)
-{
-    fprintf(stderr, "usage: tls_echo_server PORT --cert PEM [--unix PATH]\n"
-                    "       tls_echo_server --version\n");
-    exit(2);
-}
+static const struct lg_usage usage = {
+    "tls_echo_server",
+    "usage: tls_echo_server PORT --cert PEM [--unix PATH]\n"
+    "       tls_echo_server --version\n",
+};
 
 int main(int argc, char **argv)
 {
     const char *unix_path = NULL, *port_arg = NULL, *pem = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--version") == 0) {
-            printf("%s\n", OpenSSL_version(OPENSSL_VERSION));
-            return 0;
-        }
-        if (strcmp(argv[i], "--unix") == 0 && i + 1 < argc)
-            unix_path = argv[++i];
-        else if (strcmp(argv[i], "--cert") == 0 && i + 1 < argc)
-            pem = argv[++i];
-        else if (!port_arg && argv[i][0] != '-')
-            port_arg = argv[i];
-        else
-            usage();
+    int version = 0;
+    const struct lg_opt opts[] = {
+        {"--unix", LG_STRING, &unix_path}, {"--cert", LG_STRING, &pem},
+        {"--version", LG_FLAG, &version}, {NULL, LG_FLAG, NULL},
+    };
+    lg_parse_args(argc, argv, opts, &port_arg, 1, &usage);
+    if (version) {
+        printf("%s\n", OpenSSL_version(OPENSSL_VERSION));
+        return 0;
     }
     if ((!port_arg && !unix_path) || !pem)
-        usage();
+        lg_die_usage(&usage, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     SSL_CTX *ctx = make_ctx(pem);
@@ -286,46 +273,10 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    int lfd;
     char where[128];
-    if (unix_path) {
-        struct sockaddr_un sun;
-        memset(&sun, 0, sizeof(sun));
-        sun.sun_family = AF_UNIX;
-        if (strlen(unix_path) >= sizeof(sun.sun_path)) {
-            fprintf(stderr, "tls_echo_server: path too long\n");
-            return 2;
-        }
-        strcpy(sun.sun_path, unix_path);
-        unlink(unix_path);
-        lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (lfd < 0 || bind(lfd, (struct sockaddr *)&sun, sizeof(sun)) < 0) {
-            perror("tls_echo_server: bind");
-            return 1;
-        }
-        snprintf(where, sizeof(where), "%s", unix_path);
-    } else {
-        struct sockaddr_in sin;
-        memset(&sin, 0, sizeof(sin));
-        sin.sin_family = AF_INET;
-        sin.sin_port = htons((unsigned short)atoi(port_arg));
-        sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        int one = 1;
-        if (lfd >= 0)
-            setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (lfd < 0 || bind(lfd, (struct sockaddr *)&sin, sizeof(sin)) < 0) {
-            perror("tls_echo_server: bind");
-            return 1;
-        }
-        socklen_t len = sizeof(sin);
-        getsockname(lfd, (struct sockaddr *)&sin, &len);
-        snprintf(where, sizeof(where), "%d", ntohs(sin.sin_port));
-    }
-    if (listen(lfd, 1024) < 0) {
-        perror("tls_echo_server: listen");
-        return 1;
-    }
+    int lfd = lg_listen("tls_echo_server", port_arg, unix_path, where, sizeof(where));
+    if (lfd < 0)
+        return lfd == -2 ? 2 : 1;
     epfd = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event ev;
     ev.events = EPOLLIN;
@@ -350,13 +301,9 @@ int main(int argc, char **argv)
                 continue;
             }
             for (;;) {
-                int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                int fd = lg_accept(lfd, unix_path != NULL);
                 if (fd < 0)
                     break;              /* EAGAIN, or EMFILE & co: retry on the next event */
-                if (!unix_path) {
-                    int one = 1;
-                    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-                }
                 struct conn *c = conn_new(ctx, fd);
                 if (!c) {
                     close(fd);

@@ -3,9 +3,9 @@
 instructions under callgrind and syscalls under strace, for the tls-protocol
 echo server on asyncio, uvloop and tideloop, and the C TLS floor.
 
-    python bench/tls_instr.py                          # all four servers, ~3 min
-    python bench/tls_instr.py --loops tideloop --no-floor --requests 1000
-    python bench/tls_instr.py --json tls-instr.json    # every run, for a script
+    python -m bench.tls_instr                          # all four servers, ~3 min
+    python -m bench.tls_instr --loops tideloop --no-floor --requests 1000
+    python -m bench.tls_instr --json tls-instr.json    # every run, for a script
 
 For each server, the cell of bench/net.py's tls-protocol 1 KiB x 10
 connections: bench/bin/tls_loadgen --requests R sends exactly R requests
@@ -47,12 +47,13 @@ import sys
 import tempfile
 import time
 
-from _harness import harness, procs
+from bench import procs
+from tideloop._bench import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SRC = os.path.join(ROOT, "src")
-SERVERS_PY = os.path.join(HERE, "echo_servers.py")
+SERVERS_PY = ["-m", "bench.echo_servers"]   # run from the checkout's root (cwd=ROOT)
 CA_PEM = os.path.join(ROOT, "tests", "certs", "ca.pem")
 CERTS = {"ecdsa": os.path.join(ROOT, "tests", "certs", "server-ecdsa.pem"),
          "rsa": os.path.join(ROOT, "tests", "certs", "server-rsa.pem")}
@@ -152,7 +153,7 @@ def parse_strace_summary(path):
 def server_argv(server, cfg, paths):
     if server == FLOOR:
         return [paths["tls_echo_server"], "0", "--cert", CERTS[cfg.cert]]
-    return [cfg.python, SERVERS_PY, "--loop", server, "--kind", KIND, "--port", "0",
+    return [cfg.python, *SERVERS_PY, "--loop", server, "--kind", KIND, "--port", "0",
             "--cert", CERTS[cfg.cert]]
 
 
@@ -343,7 +344,7 @@ def report(results, servers, tools):
 
 def build_parser():
     p = argparse.ArgumentParser(
-        prog="bench/tls_instr.py",
+        prog="python -m bench.tls_instr",
         description="User-space instructions (callgrind) and system calls (strace) per "
                     "request of the TLS Protocol echo server on asyncio, uvloop and "
                     "tideloop and of the C TLS floor: the slope between a run of N and "
@@ -461,7 +462,7 @@ def main(argv=None):
     if tls:
         print(f"TLS: {tls.get('version')} {tls.get('cipher')} {tls.get('group')}; "
               f"certificate {os.path.relpath(CERTS[args.cert], ROOT)}")
-    command = " ".join(harness.command_prefix(harness.script_invocation(__file__), loops,
+    command = " ".join(harness.command_prefix(["-m", "bench.tls_instr"], loops,
                                               False, 1)[:-2]
                        + ["--requests", str(args.requests)]
                        + (["--no-floor"] if not args.floor else [])

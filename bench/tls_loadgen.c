@@ -51,27 +51,15 @@
  * 127.0.0.0/8 address, ::1 or "localhost".
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <signal.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
-#define PATTERN_PERIOD 4093u      /* a prime: request k starts at offset k*P % ... */
+#include "loadgen_common.h"
+
 #define READ_AHEAD (64 * 1024)    /* the SSL objects' socket read buffer */
 
 enum { ST_CONNECTING, ST_HANDSHAKE, ST_ECHO, ST_SHUTDOWN, ST_IDLE };
@@ -97,8 +85,14 @@ static unsigned char *scratch;
 static size_t scratch_size;
 static size_t msg_size;
 
-static int64_t *latencies;        /* ns, completed requests of the window */
-static size_t n_lat, cap_lat;
+static struct lg_latencies lat;  /* completed requests of the window */
+
+static const struct lg_usage usage = {
+    "tls_loadgen",
+    "usage: tls_loadgen HOST PORT --conns N --size BYTES --ca PEM\n"
+    "           (--duration SECONDS [--warmup SECONDS] | --requests R [--duration LIMIT])\n"
+    "           [--handshake] [--sni NAME] [--unix PATH] [--hold]\n",
+};
 
 static SSL_CTX *ctx;
 static const char *sni = "localhost";
@@ -120,116 +114,20 @@ static uint64_t limit;            /* --requests, 0: none */
 static uint64_t started, completed, requests;
 static char tls_version[32] = "", tls_cipher[64] = "", tls_group[32] = "";
 
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void die_usage(const char *msg)
-{
-    if (msg)
-        fprintf(stderr, "tls_loadgen: %s\n", msg);
-    fprintf(stderr,
-            "usage: tls_loadgen HOST PORT --conns N --size BYTES --ca PEM\n"
-            "           (--duration SECONDS [--warmup SECONDS] | --requests R [--duration LIMIT])\n"
-            "           [--handshake] [--sni NAME] [--unix PATH] [--hold]\n");
-    exit(2);
-}
-
-static void add_latency(int64_t ns)
-{
-    if (n_lat == cap_lat) {
-        size_t cap = cap_lat ? cap_lat * 2 : 65536;
-        int64_t *p = realloc(latencies, cap * sizeof(*p));
-        if (!p)
-            return;             /* percentiles get less precise, nothing else */
-        latencies = p;
-        cap_lat = cap;
-    }
-    latencies[n_lat++] = ns;
-}
-
-static int cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
-static double percentile_us(double q)
-{
-    if (!n_lat)
-        return 0.0;
-    size_t i = (size_t)(q * (double)(n_lat - 1) + 0.5);
-    if (i >= n_lat)
-        i = n_lat - 1;
-    return (double)latencies[i] / 1000.0;
-}
-
-static int is_loopback(const char *host)
-{
-    if (strcmp(host, "localhost") == 0)
-        host = "127.0.0.1";
-    struct in_addr a4;
-    struct in6_addr a6;
-    if (inet_pton(AF_INET, host, &a4) == 1) {
-        if ((ntohl(a4.s_addr) >> 24) != 127)
-            return 0;
-        family = AF_INET;
-        memcpy(addr, &a4, sizeof(a4));
-        return 1;
-    }
-    if (inet_pton(AF_INET6, host, &a6) == 1) {
-        if (!IN6_IS_ADDR_LOOPBACK(&a6))
-            return 0;
-        family = AF_INET6;
-        memcpy(addr, &a6, sizeof(a6));
-        return 1;
-    }
-    return 0;
-}
-
 /* A non-blocking socket connecting (or connected) to the server; -1 with
  * errno on failure.  *pending is set when the connect is still under way. */
 static int open_socket(int blocking_connect, int *pending)
 {
     struct sockaddr_storage ss;
-    socklen_t len;
-    int fam;
-    memset(&ss, 0, sizeof(ss));
-    if (unix_path) {
-        struct sockaddr_un *sun = (struct sockaddr_un *)&ss;
-        sun->sun_family = AF_UNIX;
-        if (strlen(unix_path) >= sizeof(sun->sun_path)) {
-            errno = ENAMETOOLONG;
-            return -1;
-        }
-        strcpy(sun->sun_path, unix_path);
-        len = sizeof(*sun);
-        fam = AF_UNIX;
-    } else if (family == AF_INET) {
-        struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
-        sin->sin_family = AF_INET;
-        sin->sin_port = htons((uint16_t)port);
-        memcpy(&sin->sin_addr, addr, sizeof(sin->sin_addr));
-        len = sizeof(*sin);
-        fam = AF_INET;
-    } else {
-        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
-        sin6->sin6_family = AF_INET6;
-        sin6->sin6_port = htons((uint16_t)port);
-        memcpy(&sin6->sin6_addr, addr, sizeof(sin6->sin6_addr));
-        len = sizeof(*sin6);
-        fam = AF_INET6;
-    }
-    int fd = socket(fam, SOCK_STREAM | SOCK_CLOEXEC | (blocking_connect ? 0 : SOCK_NONBLOCK), 0);
+    socklen_t len = lg_sockaddr(&ss, family, addr, port, unix_path);
+    if (!len)
+        return -1;
+    int fd = socket(ss.ss_family,
+                    SOCK_STREAM | SOCK_CLOEXEC | (blocking_connect ? 0 : SOCK_NONBLOCK), 0);
     if (fd < 0)
         return -1;
-    if (fam != AF_UNIX) {
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    }
+    if (!unix_path)
+        lg_nodelay(fd);
     *pending = 0;
     if (connect(fd, (struct sockaddr *)&ss, len) < 0) {
         if (!blocking_connect && errno == EINPROGRESS) {
@@ -415,7 +313,7 @@ static void request_done(struct conn *c, int64_t t)
     completed++;
     if (measuring && t < t_end) {
         requests++;
-        add_latency(t - c->started_ns);
+        lg_add_latency(&lat, t - c->started_ns);
     }
 }
 
@@ -579,56 +477,35 @@ static SSL_CTX *make_ctx(const char *ca)
 
 int main(int argc, char **argv)
 {
-    const char *host = NULL, *ca = NULL;
+    const char *ca = NULL;
+    const char *pos[2] = {NULL, NULL};      /* HOST PORT */
     long conns = -1;
     long long size = -1, req_limit = 0;
     double duration = 0, warmup = 0;
     int hold = 0;
-
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--conns") == 0 && i + 1 < argc)
-            conns = strtol(argv[++i], NULL, 10);
-        else if (strcmp(a, "--size") == 0 && i + 1 < argc)
-            size = strtoll(argv[++i], NULL, 10);
-        else if (strcmp(a, "--duration") == 0 && i + 1 < argc)
-            duration = strtod(argv[++i], NULL);
-        else if (strcmp(a, "--warmup") == 0 && i + 1 < argc)
-            warmup = strtod(argv[++i], NULL);
-        else if (strcmp(a, "--requests") == 0 && i + 1 < argc)
-            req_limit = strtoll(argv[++i], NULL, 10);
-        else if (strcmp(a, "--ca") == 0 && i + 1 < argc)
-            ca = argv[++i];
-        else if (strcmp(a, "--sni") == 0 && i + 1 < argc)
-            sni = argv[++i];
-        else if (strcmp(a, "--unix") == 0 && i + 1 < argc)
-            unix_path = argv[++i];
-        else if (strcmp(a, "--handshake") == 0)
-            handshake_mode = 1;
-        else if (strcmp(a, "--hold") == 0)
-            hold = 1;
-        else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
-            die_usage(NULL);
-        else if (a[0] == '-' && a[1] == '-')
-            die_usage("unknown option or missing value");
-        else if (!host)
-            host = a;
-        else if (port < 0)
-            port = strtol(a, NULL, 10);
-        else
-            die_usage("too many arguments");
-    }
+    const struct lg_opt opts[] = {
+        {"--conns", LG_LONG, &conns}, {"--size", LG_LLONG, &size},
+        {"--duration", LG_DOUBLE, &duration}, {"--warmup", LG_DOUBLE, &warmup},
+        {"--requests", LG_LLONG, &req_limit}, {"--ca", LG_STRING, &ca},
+        {"--sni", LG_STRING, &sni}, {"--unix", LG_STRING, &unix_path},
+        {"--handshake", LG_FLAG, &handshake_mode}, {"--hold", LG_FLAG, &hold},
+        {NULL, LG_FLAG, NULL},
+    };
+    lg_parse_args(argc, argv, opts, pos, 2, &usage);
+    const char *host = pos[0];
+    if (pos[1])
+        port = strtol(pos[1], NULL, 10);
     if (!host || port < 0 || conns <= 0 || size <= 0 || !ca)
-        die_usage("HOST, PORT, --conns, --size and --ca are required");
+        lg_die_usage(&usage, "HOST, PORT, --conns, --size and --ca are required");
     if (req_limit < 0 || duration < 0 || warmup < 0 || (!req_limit && duration <= 0))
-        die_usage("--duration (positive) or --requests is required");
+        lg_die_usage(&usage, "--duration (positive) or --requests is required");
     if (req_limit && warmup > 0)
-        die_usage("--requests runs from the start: no --warmup");
+        lg_die_usage(&usage, "--requests runs from the start: no --warmup");
     if (port > 65535 || conns > 100000 || size > (1LL << 30) || duration > 3600
             || size > 0x7fffffffLL)
-        die_usage("argument out of range");
-    if (!unix_path && !is_loopback(host))
-        die_usage("HOST must be a loopback address (127.0.0.0/8, ::1, localhost)");
+        lg_die_usage(&usage, "argument out of range");
+    if (!unix_path && !lg_loopback(host, &family, addr))
+        lg_die_usage(&usage, "HOST must be a loopback address (127.0.0.0/8, ::1, localhost)");
 
     signal(SIGPIPE, SIG_IGN);
     msg_size = (size_t)size;
@@ -641,7 +518,7 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    pattern = malloc(msg_size + PATTERN_PERIOD);
+    pattern = lg_make_pattern(msg_size + PATTERN_PERIOD);
     scratch_size = msg_size < 262144 ? msg_size : 262144;
     if (scratch_size < 16384)
         scratch_size = 16384;           /* room for whatever a shutdown read brings */
@@ -651,21 +528,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "tls_loadgen: out of memory\n");
         return 2;
     }
-    uint32_t x = 2463534242u;
-    for (size_t i = 0; i < msg_size + PATTERN_PERIOD; i++) {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        pattern[i] = (unsigned char)(x >> 11);
-    }
-
     epfd = epoll_create1(EPOLL_CLOEXEC);
     if (epfd < 0) {
         perror("tls_loadgen: epoll_create1");
         return 2;
     }
 
-    int64_t t_begin = now_ns();
+    int64_t t_begin = lg_now_ns();
     int64_t t_window = t_begin + (int64_t)(warmup * 1e9);
     t_end = duration > 0 ? t_window + (int64_t)(duration * 1e9) : INT64_MAX;
     measuring = warmup <= 0;
@@ -700,7 +569,7 @@ int main(int argc, char **argv)
     }
 
     struct epoll_event events[256];
-    int64_t t = now_ns();
+    int64_t t = lg_now_ns();
     while (t < t_end && !(limit && completed >= limit)) {
         if (!measuring && t >= t_window) {
             measuring = 1;
@@ -723,7 +592,7 @@ int main(int argc, char **argv)
                 return 2;
             }
         }
-        t = now_ns();
+        t = lg_now_ns();
         for (int k = 0; k < n; k++) {
             struct conn *c = events[k].data.ptr;
             if (c->alive && c->fd >= 0)
@@ -735,43 +604,27 @@ int main(int argc, char **argv)
         if (!any)
             break;                /* every slot failed or has nothing left to do */
     }
-    int64_t t_stop = now_ns();
+    int64_t t_stop = lg_now_ns();
     if (t_stop > t_end)
         t_stop = t_end;
     struct rusage ru1;
     getrusage(RUSAGE_SELF, &ru1);
 
     double seconds = measuring ? (double)(t_stop - t_measure) / 1e9 : 0.0;
-    double cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec)
-               + (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) / 1e6
-               + (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec)
-               + (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) / 1e6;
     long alive = 0;
     for (long i = 0; i < conns; i++)
         alive += cs[i].alive;
-    qsort(latencies, n_lat, sizeof(*latencies), cmp_i64);
-    uint64_t window_errors = errors - errors_at_window;
-    printf("{\"requests\": %llu, \"seconds\": %.6f, \"rps\": %.1f, \"bytes\": %llu, "
-           "\"errors\": %llu, \"warmup_errors\": %llu, \"conns\": %ld, \"conns_alive\": %ld, "
-           "\"size\": %zu, \"latency_us\": {\"p50\": %.1f, \"p99\": %.1f, \"max\": %.1f}, "
-           "\"client_cpu_s\": %.4f, \"mode\": \"%s\", \"requests_limit\": %llu, "
+    lg_print_head(requests, seconds, msg_size, errors - errors_at_window, errors_at_window);
+    printf("\"conns\": %ld, \"conns_alive\": %ld, ", conns, alive);
+    lg_print_tail(msg_size, &lat, lg_cpu_seconds(&ru0, &ru1));
+    printf(", \"mode\": \"%s\", \"requests_limit\": %llu, "
            "\"tls\": {\"version\": \"%s\", \"cipher\": \"%s\", \"group\": \"%s\"}}\n",
-           (unsigned long long)requests, seconds,
-           seconds > 0 ? (double)requests / seconds : 0.0,
-           (unsigned long long)(requests * (uint64_t)msg_size * 2u),
-           (unsigned long long)window_errors, (unsigned long long)errors_at_window,
-           conns, alive, msg_size,
-           percentile_us(0.50), percentile_us(0.99),
-           n_lat ? (double)latencies[n_lat - 1] / 1000.0 : 0.0, cpu,
            handshake_mode ? "handshake" : "echo", (unsigned long long)limit,
            tls_version, tls_cipher, tls_group);
     fflush(stdout);
 
-    if (hold) {
-        char buf[256];
-        while (read(0, buf, sizeof(buf)) > 0)
-            ;
-    }
+    if (hold)
+        lg_hold();
     for (long i = 0; i < conns; i++)
         release(&cs[i], 1);
     SSL_CTX_free(ctx);

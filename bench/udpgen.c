@@ -37,20 +37,10 @@
  * printed anyway), 2 on usage / socket failures.  Loopback only.
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
 #include <poll.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
 
-#define PATTERN_PERIOD 4093u
+#include "loadgen_common.h"
+
 #define HEADER 12u                /* uint32 slot, uint64 seq (host order) */
 #define MAX_DGRAM 65507u
 
@@ -63,56 +53,15 @@ static unsigned char *pattern;    /* size + PATTERN_PERIOD bytes */
 static size_t msg_size;
 static int fd;
 
-static int64_t *latencies;
-static size_t n_lat, cap_lat;
+static struct lg_latencies lat;  /* completed requests of the window */
+
+static const struct lg_usage usage = {
+    "udpgen",
+    "usage: udpgen HOST PORT --inflight N --size BYTES --duration SECONDS\n"
+    "              [--warmup SECONDS] [--timeout-ms MS] [--hold]\n",
+};
 
 static uint64_t errors, lost, late, send_errors;
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void die_usage(const char *msg)
-{
-    if (msg)
-        fprintf(stderr, "udpgen: %s\n", msg);
-    fprintf(stderr,
-            "usage: udpgen HOST PORT --inflight N --size BYTES --duration SECONDS\n"
-            "              [--warmup SECONDS] [--timeout-ms MS] [--hold]\n");
-    exit(2);
-}
-
-static void add_latency(int64_t ns)
-{
-    if (n_lat == cap_lat) {
-        size_t cap = cap_lat ? cap_lat * 2 : 65536;
-        int64_t *p = realloc(latencies, cap * sizeof(*p));
-        if (!p)
-            return;
-        latencies = p;
-        cap_lat = cap;
-    }
-    latencies[n_lat++] = ns;
-}
-
-static int cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
-static double percentile_us(double q)
-{
-    if (!n_lat)
-        return 0.0;
-    size_t i = (size_t)(q * (double)(n_lat - 1) + 0.5);
-    if (i >= n_lat)
-        i = n_lat - 1;
-    return (double)latencies[i] / 1000.0;
-}
 
 static size_t offset_of(uint32_t id, uint64_t seq)
 {
@@ -141,71 +90,37 @@ static void send_dgram(struct slot *s, uint32_t id, int64_t t)
 
 int main(int argc, char **argv)
 {
-    const char *host = NULL;
-    long port = -1, inflight = -1;
+    const char *pos[2] = {NULL, NULL};      /* HOST PORT */
+    long inflight = -1;
     long long size = -1;
     double duration = -1, warmup = 0, timeout_ms = 100;
     int hold = 0;
-
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--inflight") == 0 && i + 1 < argc)
-            inflight = strtol(argv[++i], NULL, 10);
-        else if (strcmp(a, "--size") == 0 && i + 1 < argc)
-            size = strtoll(argv[++i], NULL, 10);
-        else if (strcmp(a, "--duration") == 0 && i + 1 < argc)
-            duration = strtod(argv[++i], NULL);
-        else if (strcmp(a, "--warmup") == 0 && i + 1 < argc)
-            warmup = strtod(argv[++i], NULL);
-        else if (strcmp(a, "--timeout-ms") == 0 && i + 1 < argc)
-            timeout_ms = strtod(argv[++i], NULL);
-        else if (strcmp(a, "--hold") == 0)
-            hold = 1;
-        else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
-            die_usage(NULL);
-        else if (a[0] == '-' && a[1] == '-')
-            die_usage("unknown option or missing value");
-        else if (!host)
-            host = a;
-        else if (port < 0)
-            port = strtol(a, NULL, 10);
-        else
-            die_usage("too many arguments");
-    }
+    const struct lg_opt opts[] = {
+        {"--inflight", LG_LONG, &inflight}, {"--size", LG_LLONG, &size},
+        {"--duration", LG_DOUBLE, &duration}, {"--warmup", LG_DOUBLE, &warmup},
+        {"--timeout-ms", LG_DOUBLE, &timeout_ms}, {"--hold", LG_FLAG, &hold},
+        {NULL, LG_FLAG, NULL},
+    };
+    lg_parse_args(argc, argv, opts, pos, 2, &usage);
+    const char *host = pos[0];
+    long port = pos[1] ? strtol(pos[1], NULL, 10) : -1;
     if (!host || port <= 0 || inflight <= 0 || size <= 0 || duration <= 0 || warmup < 0
             || timeout_ms <= 0)
-        die_usage("HOST, PORT, --inflight, --size and --duration are required");
+        lg_die_usage(&usage, "HOST, PORT, --inflight, --size and --duration are required");
     if (port > 65535 || inflight > 65536 || duration > 3600)
-        die_usage("argument out of range");
+        lg_die_usage(&usage, "argument out of range");
     if (size < (long long)HEADER + 4 || size > (long long)MAX_DGRAM)
-        die_usage("--size must be between 16 and 65507");
+        lg_die_usage(&usage, "--size must be between 16 and 65507");
 
+    int family = AF_INET;
+    unsigned char addr[16];
+    if (!lg_loopback(host, &family, addr))
+        lg_die_usage(&usage, "HOST must be a loopback address (127.0.0.0/8, ::1, localhost)");
     struct sockaddr_storage ss;
-    socklen_t sslen;
-    memset(&ss, 0, sizeof(ss));
-    if (strcmp(host, "localhost") == 0)
-        host = "127.0.0.1";
-    struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
-    struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
-    if (inet_pton(AF_INET, host, &sin->sin_addr) == 1) {
-        if ((ntohl(sin->sin_addr.s_addr) >> 24) != 127)
-            die_usage("HOST must be a loopback address (127.0.0.0/8, ::1, localhost)");
-        sin->sin_family = AF_INET;
-        sin->sin_port = htons((uint16_t)port);
-        sslen = sizeof(*sin);
-    } else if (inet_pton(AF_INET6, host, &sin6->sin6_addr) == 1) {
-        if (!IN6_IS_ADDR_LOOPBACK(&sin6->sin6_addr))
-            die_usage("HOST must be a loopback address (127.0.0.0/8, ::1, localhost)");
-        sin6->sin6_family = AF_INET6;
-        sin6->sin6_port = htons((uint16_t)port);
-        sslen = sizeof(*sin6);
-    } else {
-        die_usage("HOST must be a loopback address (127.0.0.0/8, ::1, localhost)");
-        return 2;
-    }
+    socklen_t sslen = lg_sockaddr(&ss, family, addr, port, NULL);
 
     msg_size = (size_t)size;
-    pattern = malloc(msg_size + PATTERN_PERIOD);
+    pattern = lg_make_pattern(msg_size + PATTERN_PERIOD);
     sendbuf = malloc(msg_size);
     unsigned char *rbuf = malloc(MAX_DGRAM + 1);
     struct slot *slots = calloc((size_t)inflight, sizeof(*slots));
@@ -213,14 +128,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "udpgen: out of memory\n");
         return 2;
     }
-    uint32_t x = 2463534242u;
-    for (size_t i = 0; i < msg_size + PATTERN_PERIOD; i++) {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        pattern[i] = (unsigned char)(x >> 11);
-    }
-
     fd = socket(ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
         perror("udpgen: socket");
@@ -234,7 +141,7 @@ int main(int argc, char **argv)
     }
 
     int64_t timeout_ns = (int64_t)(timeout_ms * 1e6);
-    int64_t t_begin = now_ns();
+    int64_t t_begin = lg_now_ns();
     int64_t t_window = t_begin + (int64_t)(warmup * 1e9);
     int64_t t_end = t_window + (int64_t)(duration * 1e9);
     int measuring = warmup <= 0;
@@ -254,7 +161,7 @@ int main(int argc, char **argv)
         send_dgram(&slots[i], (uint32_t)i, t_begin);
     }
 
-    int64_t t = now_ns();
+    int64_t t = lg_now_ns();
     int64_t next_scan = t + timeout_ns / 4;
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
     while (t < t_end) {
@@ -280,7 +187,7 @@ int main(int argc, char **argv)
             perror("udpgen: poll");
             return 2;
         }
-        t = now_ns();
+        t = lg_now_ns();
         if (n > 0) {
             /* Drain the socket (at most one window's worth, so the clock
              * is looked at again); every verified echo starts its slot's
@@ -301,7 +208,7 @@ int main(int argc, char **argv)
                     errors++;
                     continue;
                 }
-                t = now_ns();
+                t = lg_now_ns();
                 memcpy(&id, rbuf, 4);
                 memcpy(&seq, rbuf + 4, 8);
                 if (id >= (uint32_t)inflight || seq == 0) {
@@ -323,7 +230,7 @@ int main(int argc, char **argv)
                 }
                 if (measuring && t < t_end) {
                     requests++;
-                    add_latency(t - s->sent_ns);
+                    lg_add_latency(&lat, t - s->sent_ns);
                 }
                 s->sent_ns = 0;
                 if (t >= t_end)
@@ -344,42 +251,26 @@ int main(int argc, char **argv)
             next_scan = t + timeout_ns / 4;
         }
     }
-    int64_t t_stop = now_ns();
+    int64_t t_stop = lg_now_ns();
     if (t_stop > t_end)
         t_stop = t_end;
     struct rusage ru1;
     getrusage(RUSAGE_SELF, &ru1);
 
     double seconds = measuring ? (double)(t_stop - t_measure) / 1e9 : 0.0;
-    double cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec)
-               + (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) / 1e6
-               + (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec)
-               + (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) / 1e6;
-    qsort(latencies, n_lat, sizeof(*latencies), cmp_i64);
-    printf("{\"requests\": %llu, \"seconds\": %.6f, \"rps\": %.1f, \"bytes\": %llu, "
-           "\"errors\": %llu, \"warmup_errors\": %llu, \"lost\": %llu, \"late\": %llu, "
-           "\"send_errors\": %llu, \"warmup_lost\": %llu, \"inflight\": %ld, \"size\": %zu, "
-           "\"latency_us\": {\"p50\": %.1f, \"p99\": %.1f, \"max\": %.1f}, "
-           "\"client_cpu_s\": %.4f}\n",
-           (unsigned long long)requests, seconds,
-           seconds > 0 ? (double)requests / seconds : 0.0,
-           (unsigned long long)(requests * (uint64_t)msg_size * 2u),
-           (unsigned long long)(errors - errors_at_window),
-           (unsigned long long)errors_at_window,
+    lg_print_head(requests, seconds, msg_size, errors - errors_at_window, errors_at_window);
+    printf("\"lost\": %llu, \"late\": %llu, \"send_errors\": %llu, \"warmup_lost\": %llu, "
+           "\"inflight\": %ld, ",
            (unsigned long long)(lost - lost_at_window),
            (unsigned long long)(late - late_at_window),
            (unsigned long long)(send_errors - send_errors_at_window),
-           (unsigned long long)lost_at_window,
-           inflight, msg_size,
-           percentile_us(0.50), percentile_us(0.99),
-           n_lat ? (double)latencies[n_lat - 1] / 1000.0 : 0.0, cpu);
+           (unsigned long long)lost_at_window, inflight);
+    lg_print_tail(msg_size, &lat, lg_cpu_seconds(&ru0, &ru1));
+    printf("}\n");
     fflush(stdout);
 
-    if (hold) {
-        char buf[256];
-        while (read(0, buf, sizeof(buf)) > 0)
-            ;
-    }
+    if (hold)
+        lg_hold();
     close(fd);
     return errors ? 1 : 0;
 }

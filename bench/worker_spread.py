@@ -1,8 +1,8 @@
 """How evenly gunicorn's workers share the requests: 2 workers, wrk, per-worker counts.
 
-    python bench/worker_spread.py                       # every variant, 3 interleaved rounds
-    python bench/worker_spread.py --quick               # 1 round of 2 s: a smoke run
-    python bench/worker_spread.py --json results/worker-spread.json
+    python -m bench.worker_spread                       # every variant, 3 interleaved rounds
+    python -m bench.worker_spread --quick               # 1 round of 2 s: a smoke run
+    python -m bench.worker_spread --json results/worker-spread.json
 
 Each variant is gunicorn with 2 workers of one worker class, serving
 bench/worker_spread_app.py (its answer is the worker's pid; each worker
@@ -50,18 +50,18 @@ ROOT = os.path.dirname(HERE)
 ENSURE_DEBIAN = os.path.join(ROOT, "tools", "ensure_debian_package.sh")
 FORMAT = "tideloop-worker-spread/1"
 
-ASGI, AIOHTTP = "worker_spread_app:app", "worker_spread_app:make_app"
+ASGI, AIOHTTP = "bench.worker_spread_app:app", "bench.worker_spread_app:make_app"
 VARIANTS = {
     # name: (worker class, app, extra gunicorn arguments, side)
     "uvicorn-worker": ("uvicorn_worker.UvicornWorker", ASGI, [], "baseline"),
     "uvicorn-worker+reuse-port": ("uvicorn_worker.UvicornWorker", ASGI, ["--reuse-port"],
                                     "baseline"),
-    "asyncio-uvicorn-shared": ("worker_spread_app.AsyncioUvicornWorker", ASGI, [], "baseline"),
-    "tideloop-uvicorn-shared": ("worker_spread_app.SharedUvicornWorker", ASGI, [], "before"),
+    "asyncio-uvicorn-shared": ("bench.worker_spread_app.AsyncioUvicornWorker", ASGI, [], "baseline"),
+    "tideloop-uvicorn-shared": ("bench.worker_spread_app.SharedUvicornWorker", ASGI, [], "before"),
     "tideloop.workers.UvicornWorker": ("tideloop.workers.UvicornWorker", ASGI, [], "after"),
-    "tideloop-aiohttp-shared": ("worker_spread_app.SharedAiohttpWorker", AIOHTTP, [], "before"),
+    "tideloop-aiohttp-shared": ("bench.worker_spread_app.SharedAiohttpWorker", AIOHTTP, [], "before"),
     "tideloop.workers.AiohttpWorker": ("tideloop.workers.AiohttpWorker", AIOHTTP, [], "after"),
-    "stray-arbiter-socket": ("worker_spread_app.StrayArbiterSocketWorker", ASGI, [], "trap"),
+    "stray-arbiter-socket": ("bench.worker_spread_app.StrayArbiterSocketWorker", ASGI, [], "trap"),
 }
 RESTART_VARIANTS = ("uvicorn-worker", "uvicorn-worker+reuse-port", "asyncio-uvicorn-shared",
                     "tideloop-uvicorn-shared", "tideloop.workers.UvicornWorker",
@@ -126,7 +126,7 @@ def run_one(python, variant, mode, seconds, workdir, lua, keepalive_conns):
     worker, app, extra, _ = VARIANTS[variant]
     port = free_port()
     counts_dir = tempfile.mkdtemp(dir=workdir)
-    args = [python, "-m", "gunicorn", "-c", "python:worker_spread_app", app, "-k", worker,
+    args = [python, "-m", "gunicorn", "-c", "python:bench.worker_spread_app", app, "-k", worker,
             "-w", str(WORKERS), "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5",
             "--log-level", "warning", *extra]
     from gunicorn.config import KNOWN_SETTINGS
@@ -135,12 +135,12 @@ def run_one(python, variant, mode, seconds, workdir, lua, keepalive_conns):
     if mode == "maxreq":
         args += ["--max-requests", "400", "--max-requests-jitter", "50"]
     env = dict(os.environ, SPREAD_DIR=counts_dir,
-               PYTHONPATH=os.pathsep.join([HERE, os.path.join(ROOT, "src"),
+               PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "src"),
                                            os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     log_path = os.path.join(counts_dir, "gunicorn.log")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, cwd=HERE)
+                                stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
     try:
         deadline = time.monotonic() + START_TIMEOUT
         while not (len(children(proc.pid)) == WORKERS and ready(port)):
@@ -308,7 +308,7 @@ def main(argv=None):
         else:
             print(f"| {s['variant']} | {s['mode']} | - | - | {s['rps_median']:.0f} "
                   f"| {s['errors_total']} | {s['p99_ms_median']:.0f} / {s['max_ms']:.0f} |")
-    reproduce = ("python bench/worker_spread.py" + (" --quick" if args.quick else
+    reproduce = ("python -m bench.worker_spread" + (" --quick" if args.quick else
                  f" --rounds {args.rounds} --seconds {args.seconds:g}")
                  + (f" --connections {args.connections}" if args.connections != 256 else "")
                  + (f" --variants '{args.variants}'" if args.variants != ",".join(VARIANTS)

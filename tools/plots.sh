@@ -8,7 +8,7 @@
 #   bash tools/plots.sh              # micro, net and io
 #   bash tools/plots.sh micro net    # some of them
 #   bash tools/plots.sh apps         # the real-app benchmark (its services, ~14 min)
-#   python3 -m tideloop._bench.plot results/net.json docs/plots/net.svg   # redraw only
+#   python3 -m bench.plot results/net.json docs/plots/net.svg   # redraw only
 #
 # The runs: micro-benchmarks with their defaults (full sizes, median of 5);
 # the I/O benchmark with its defaults (median of 3); the network benchmark's
@@ -25,9 +25,9 @@ for name in "$@"; do
     out=(--json "results/$name.json" --plot "docs/plots/$name.svg")
     case "$name" in
         micro) "$PY" -m tideloop bench "${out[@]}" ;;
-        net)   "$PY" bench/net.py --quick "${out[@]}" ;;
-        io)    "$PY" bench/io.py "${out[@]}" ;;
-        apps)  "$PY" bench/apps.py --repeat 5 "${out[@]}" ;;   # about 14 minutes: by name only
+        net)   "$PY" -m bench.net --quick "${out[@]}" ;;
+        io)    "$PY" -m bench.io "${out[@]}" ;;
+        apps)  "$PY" -m bench.apps --repeat 5 "${out[@]}" ;;   # about 14 minutes: by name only
         *)     echo "plots.sh: unknown benchmark '$name' (micro, net, io, apps)" >&2; exit 2 ;;
     esac
 done

@@ -273,8 +273,7 @@ def main(argv=None):
     targets = [(p, p) for p in args.python]
     legs = [x.strip() for spec in args.leg for x in spec.split(",") if x.strip()]
     if legs:
-        sys.path.insert(0, HERE)
-        import matrix
+        import matrix       # beside this script (sys.path[0] of python tools/wheels.py)
         legs = [x for leg in legs for x in (matrix.LEGS if leg == "all" else [leg])]
         for leg in legs:
             if leg not in matrix.LEGS:

@@ -67,8 +67,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 CHILD = os.path.join(HERE, "child.py")
 
-sys.path.insert(0, HERE)
-from child import key_for  # noqa: E402  (same id -> key mapping as the child)
+from child import key_for  # noqa: E402  (beside this script: sys.path[0]; same id -> key mapping as the child)
 
 # Modules of Lib/test/test_asyncio run by default, per issue:
 #   #2 (loop core: scheduling, timers, readers/writers, signals, tasks).

@@ -24,9 +24,11 @@ from loop_helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "stress" / "run.py"
-sys.path.insert(0, str(RUNNER.parent))
-import run as stress_run  # noqa: E402  (the sizes the runner uses)
-from scenarios.g_close_with_live_fds import expected_warnings  # noqa: E402
+# The runner's own sizes and scenario list (the checkout's root and stress/
+# are on sys.path through pytest's pythonpath, pyproject.toml: stress/run.py
+# imports its scenarios as top-level modules).
+from stress import run as stress_run
+from scenarios.g_close_with_live_fds import expected_warnings
 
 SANITIZE = os.environ.get("TIDELOOP_SANITIZE_RUN") == "1"
 SCALE = 0.1 if SANITIZE else 1.0

@@ -2,32 +2,13 @@
 and, without it, wrk's own report), medians, ratios and verdicts of a row,
 and the exit status (a failed run fails the CI smoke, a slow figure does not).
 """
-import importlib.util
-import os
-import sys
-
 import pytest
-
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "bench")
-
-
-def _load(filename, name):
-    """bench/FILENAME as module NAME (bench/ on sys.path meanwhile: the
-    scripts import bench/_harness.py and each other)."""
-    sys.path.insert(0, BENCH)
-    try:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(BENCH, filename))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(BENCH)
 
 
 @pytest.fixture(scope="module")
 def apps():
-    return _load("apps.py", "bench_apps_under_test")
+    from bench import apps
+    return apps
 
 
 WRK_REPORT = """\
@@ -125,12 +106,23 @@ def test_errors_skips_and_exit_status(apps):
     assert apps.exit_status([skip]) == 0
 
 
+def test_without_uvloop_the_result_is_against_asyncio(apps):
+    """uvloop not measured (not installed): the result column compares
+    tideloop with asyncio instead of n/a."""
+    faster = apps.summarise("a", "-", "req", None, 1, _samples(asyncio=[20], tideloop=[5]), {})
+    slower = apps.summarise("b", "-", "req", None, 1, _samples(asyncio=[10], tideloop=[13]), {})
+    header, body = apps.table([faster, slower], ["asyncio", "tideloop"])
+    assert [cells[-1] for cells in body] == ["4.0x faster", "1.3x slower"]
+    assert "n/a" not in apps.format_text([faster, slower], ["asyncio", "tideloop"])
+
+
 # --- bench/apps_callgrind.py: the callgrind file summed per object, the verdict
 
 
 @pytest.fixture(scope="module")
 def cg():
-    return _load("apps_callgrind.py", "bench_apps_callgrind_under_test")
+    from bench import apps_callgrind
+    return apps_callgrind
 
 
 CALLGRIND_FILE = """\

@@ -2,10 +2,12 @@
 rows come out as the benchmarks finish.
 
 The environment header (interpreter, machine, loops and their versions, the
-method) goes to stdout with the table, the footer says how to read the
-figures (lower is better), and each row is printed and flushed as soon as its
-benchmark is done: the progress line of the next benchmark (stderr) must come
-after it when both streams go to the same pipe.
+method, what PASS / FAIL / target mean) goes to stdout with the table, the
+footer says how to read the figures (lower is better), and each row is
+printed and flushed as soon as its benchmark is done.  The progress goes to
+stderr, and not at all when stderr is stdout's file (2>&1 into a log): no
+progress line among the rows.  Without uvloop the result column compares
+tideloop with asyncio rather than saying n/a.
 """
 import json
 import platform
@@ -78,12 +80,19 @@ def test_environment_header_and_footer_go_to_stdout():
     assert all(len(row) == len(rule) for row in rows), "\n".join([rule] + rows)
 
 
+def _progress_lines(text):      # "  future       n=1000    ." as a benchmark starts
+    return [line for line in text.splitlines() if re.match(r"\s+\w+\s+n=\d+", line)]
+
+
 @pytest.mark.parametrize("fmt", ["text", "markdown"])
-def test_rows_are_printed_as_each_benchmark_finishes(fmt):
+def test_merged_output_has_no_progress_among_the_rows(fmt):
+    """2>&1 into a pipe or a log: the table's rows follow each other, in the
+    order of the benchmarks."""
     extra = ["--markdown"] if fmt == "markdown" else []
     out = _bench("--loops", "asyncio", "--only", "call_soon,future,queue", *extra,
                  merge=True)
     assert out.returncode == 0, out.stdout
+    assert _progress_lines(out.stdout) == [], out.stdout
     lines = out.stdout.splitlines()
 
     def row(name):
@@ -91,14 +100,44 @@ def test_rows_are_printed_as_each_benchmark_finishes(fmt):
         return next(i for i, line in enumerate(lines)
                     if line.startswith(label) or line.startswith(f"| {label}"))
 
-    def progress(name):         # stderr: "  future       n=1000    ." when it starts
-        return next(i for i, line in enumerate(lines)
-                    if re.match(rf"\s+{name}\s+n=\d+", line))
+    first = row("call_soon")
+    assert [row("call_soon"), row("future"), row("queue")] == [first, first + 1, first + 2]
 
-    order = [row("call_soon"), progress("future"), row("future"), progress("queue"),
-             row("queue")]
-    assert order == sorted(order), "\n".join(lines)
-    assert progress("call_soon") < row("call_soon")
+
+def test_progress_goes_to_a_separate_stderr_only():
+    out = _bench("--loops", "asyncio", "--only", "call_soon,future")
+    assert out.returncode == 0, out.stderr
+    assert _progress_lines(out.stdout) == [], out.stdout
+    assert len(_progress_lines(out.stderr)) == 2, out.stderr
+
+
+def test_header_says_what_pass_fail_and_target_mean():
+    out = _bench("--loops", "asyncio,tideloop", "--only", "call_soon")
+    assert out.returncode == 0, out.stderr
+    header = out.stdout.split(TABLE_HEADER)[0]
+    legend = next(line for line in header.splitlines() if line.startswith("result:"))
+    assert "PASS" in legend and "FAIL" in legend and "target" in legend
+    assert "uvloop" in legend
+
+
+def test_without_uvloop_the_result_is_against_asyncio():
+    """uvloop hidden from the run (as when it is not installed): the rows
+    compare tideloop with asyncio instead of n/a, and the header says so."""
+    env = child_env()
+    env.pop("PYTHONUNBUFFERED", None)
+    code = ("import sys; sys.modules['uvloop'] = None; "
+            "from tideloop.__main__ import main; sys.exit(main(sys.argv[1:]))")
+    out = subprocess.run(
+        [sys.executable, "-c", code, "bench", *QUICK, "--loops", "asyncio,uvloop,tideloop",
+         "--only", "call_soon,future"],
+        capture_output=True, stdin=subprocess.DEVNULL, text=True, timeout=TIMEOUT, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "n/a" not in out.stdout, out.stdout
+    rows = [line for line in out.stdout.splitlines()
+            if line.startswith((LABELS["call_soon"], LABELS["future"]))]
+    assert len(rows) == 2
+    assert all(re.search(r"\d+\.\dx (faster|slower)$", row) for row in rows), rows
+    assert "uvloop not measured" in out.stdout.split(TABLE_HEADER)[0]
 
 
 def test_json_markdown_and_cpu_clock_still_work(tmp_path):

@@ -16,14 +16,13 @@ import pytest
 from loop_helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "threads.py"
 TIMEOUT = 28                      # below the suite's 30 s watchdog
 TINY = ["--quick", "--repeat", "1", "--loops", "asyncio,tideloop", "--duration", "0.3",
         "--warmup", "0.1", "--job-seconds", "0.1"]
 
 
-def _run(*args, cwd=None):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd or ROOT,
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "bench.threads", *args], cwd=ROOT,
                           env=child_env(), capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, timeout=TIMEOUT)
 

@@ -127,7 +127,7 @@ def _expected_sdist_files(tree):
         "src/tideloop/*.py", "src/tideloop/*.pyi", "src/tideloop/py.typed",
         "src/tideloop/_core/*.c", "src/tideloop/_core/*.h",
         "tests/**/*.py", "tests/conformance/*",
-        "bench/*.py", "bench/*.c", "bench/README.md",
+        "bench/*.py", "bench/*.c", "bench/*.h", "bench/README.md",
         "stress/**/*.py", "tools/*.sh", "tools/*.py",
     ]
     for g in globs:
@@ -249,6 +249,23 @@ def test_test_extra_installs_what_the_tests_use(meta):
     assert {"pytest", "hypothesis", "build"} <= names, reqs
 
 
+def _extra(meta, name):
+    reqs = [r for r in meta.get_all("Requires-Dist") if f'extra == "{name}"' in r]
+    return sorted(re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower() for r in reqs)
+
+
+def test_bench_extra_is_what_the_main_benchmark_needs(meta):
+    """pip install ".[bench]" && python -m tideloop bench: uvloop to compare
+    with, not the app benchmark's frameworks and clients."""
+    assert _extra(meta, "bench") == ["uvloop"]
+
+
+def test_bench_apps_extra_has_the_app_benchmark_packages(meta):
+    assert "bench-apps" in meta.get_all("Provides-Extra")
+    assert {"uvloop", "aiohttp", "uvicorn", "starlette", "gunicorn", "asyncpg", "redis",
+            "websockets"} <= set(_extra(meta, "bench-apps"))
+
+
 def test_plot_extra_is_matplotlib(meta):
     """The benchmarks' --plot names this extra when matplotlib is missing."""
     assert "plot" in meta.get_all("Provides-Extra")
@@ -331,6 +348,19 @@ def test_wheel_ships_the_extension_and_python_files_not_c_sources(dists):
     assert f"{dists['dist_info']}/licenses/LICENSE" in files
     top = {f.split("/")[0] for f in files}
     assert top == {"tideloop", dists["dist_info"]}, top
+
+
+def test_wheel_ships_the_micro_benchmark_only(dists):
+    """``python -m tideloop bench`` is in the wheel; the network, I/O and app
+    benchmarks, their child-process tooling and the plotting stay in the
+    source checkout's bench/ package."""
+    files = dists["wheel_files"]
+    bench = sorted(f for f in files if f.startswith("tideloop/_bench/"))
+    assert bench == ["tideloop/_bench/__init__.py", "tideloop/_bench/__main__.py",
+                     "tideloop/_bench/harness.py",
+                     "tideloop/_bench/micro.py"], bench
+    extra = sorted(f for f in files if re.search(r"(?i)plot|procs|loadgen|echo_server", f))
+    assert not extra, f"benchmark tooling in the wheel: {extra}"
 
 
 # --- the sdist on its own -------------------------------------------------------

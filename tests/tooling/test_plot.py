@@ -1,5 +1,5 @@
-"""Pictures of benchmark results (issue 14 part 5): src/tideloop/_bench/plot.py,
-``python -m tideloop._bench.plot`` and the benchmarks' ``--plot PATH``.
+"""Pictures of benchmark results (issue 14 part 5): bench/plot.py,
+``python -m bench.plot`` and the benchmarks' ``--plot PATH``.
 
 A picture is checked by reading its SVG: it parses, names every row, has
 one bar (an element with id "bar-<loop>-<row>") per row and loop other than
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from loop_helpers import child_env
-from tideloop._bench import plot
+from bench import plot
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 120
@@ -192,8 +192,8 @@ def test_unknown_shapes_are_refused_with_a_reason(doc, message):
 def test_cli_redraws_a_saved_document(tmp_path, matplotlib):
     saved, out = tmp_path / "results.json", tmp_path / "out.svg"
     saved.write_text(json.dumps(io_doc()))
-    p = subprocess.run([sys.executable, "-m", "tideloop._bench.plot", str(saved), str(out),
-                        "--title", "I/O on a test machine"], env=child_env(),
+    p = subprocess.run([sys.executable, "-m", "bench.plot", str(saved), str(out),
+                        "--title", "I/O on a test machine"], cwd=ROOT, env=child_env(),
                        capture_output=True, text=True, timeout=TIMEOUT)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == f"wrote {out}"
@@ -203,8 +203,8 @@ def test_cli_redraws_a_saved_document(tmp_path, matplotlib):
 
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "other/1", "results": []}))
-    p = subprocess.run([sys.executable, "-m", "tideloop._bench.plot", str(bad), str(out)],
-                       env=child_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    p = subprocess.run([sys.executable, "-m", "bench.plot", str(bad), str(out)],
+                       cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert p.returncode == 1
     assert "plot: error:" in p.stderr and "not a tideloop results document" in p.stderr
 
@@ -238,15 +238,15 @@ HIDE_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None; "
 @pytest.mark.parametrize("command", [
     ["-c", HIDE_MATPLOTLIB + "from tideloop.__main__ import main; "
            "sys.exit(main(['bench', '--quick', '--repeat', '1', '--plot', 'out.svg']))"],
-    ["-c", HIDE_MATPLOTLIB + "import runpy; sys.path.insert(0, 'bench'); "
-           "sys.argv = ['bench/net.py', '--quick', '--plot', 'out.svg']; "
-           "runpy.run_path('bench/net.py', run_name='__main__')"],
-    ["-c", HIDE_MATPLOTLIB + "import runpy; sys.path.insert(0, 'bench'); "
-           "sys.argv = ['bench/io.py', '--quick', '--plot', 'out.svg']; "
-           "runpy.run_path('bench/io.py', run_name='__main__')"],
-    ["-c", HIDE_MATPLOTLIB + "import runpy; sys.path.insert(0, 'bench'); "
-           "sys.argv = ['bench/threads.py', '--quick', '--plot', 'out.svg']; "
-           "runpy.run_path('bench/threads.py', run_name='__main__')"],
+    ["-c", HIDE_MATPLOTLIB + "import runpy; "
+           "sys.argv = ['bench.net', '--quick', '--plot', 'out.svg']; "
+           "runpy.run_module('bench.net', run_name='__main__', alter_sys=True)"],
+    ["-c", HIDE_MATPLOTLIB + "import runpy; "
+           "sys.argv = ['bench.io', '--quick', '--plot', 'out.svg']; "
+           "runpy.run_module('bench.io', run_name='__main__', alter_sys=True)"],
+    ["-c", HIDE_MATPLOTLIB + "import runpy; "
+           "sys.argv = ['bench.threads', '--quick', '--plot', 'out.svg']; "
+           "runpy.run_module('bench.threads', run_name='__main__', alter_sys=True)"],
 ], ids=["micro", "net", "io", "threads"])
 def test_plot_option_without_matplotlib_fails_before_measuring(command, tmp_path):
     p = subprocess.run([sys.executable, *command], cwd=ROOT, env=child_env(),
@@ -264,7 +264,7 @@ def test_bench_plot_option_draws_the_run(tmp_path, matplotlib):
         [sys.executable, "-m", "tideloop", "bench", "--quick", "--repeat", "1",
          "--scale", "0.1", "--no-warmup", "--only", "call_soon,future",
          "--json", str(saved), "--plot", str(out)],
-        env=child_env(), capture_output=True, text=True, timeout=TIMEOUT)
+        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert p.returncode == 0, p.stderr
     assert f"wrote {out}" in p.stdout
     texts, bars = _svg(out)
@@ -280,10 +280,10 @@ def test_io_plot_option_draws_the_run(tmp_path, matplotlib):
     """bench/io.py's --plot on its cheapest row (20 /bin/true per loop)."""
     out = tmp_path / "io.svg"
     p = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "io.py"), "--loops", "asyncio,tideloop",
+        [sys.executable, "-m", "bench.io", "--loops", "asyncio,tideloop",
          "--only", "spawn", "--count", "20", "--concurrency", "5", "--repeat", "1",
          "--plot", str(out)],
-        cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT)
+        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert p.returncode == 0, p.stderr[-3000:]
     texts, bars = _svg(out)
     assert "spawn 20 /5" in texts and list(bars) == ["bar-tideloop-0"]
@@ -293,6 +293,6 @@ def test_plot_option_into_a_missing_directory_is_a_usage_error(tmp_path, matplot
     p = subprocess.run(
         [sys.executable, "-m", "tideloop", "bench", "--quick", "--plot",
          str(tmp_path / "no" / "such" / "dir.svg")],
-        env=child_env(), capture_output=True, text=True, timeout=TIMEOUT)
+        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert p.returncode == 2 and "no such directory" in p.stderr
     assert "reproduce:" not in p.stdout

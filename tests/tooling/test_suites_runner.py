@@ -7,7 +7,6 @@ maps, and one small made-up "suite" run end to end through the runner's own
 pytest runs with the plugin (a few seconds), whose tests pass or fail
 depending on the loop they get.
 """
-import importlib.util
 import sys
 import textwrap
 from pathlib import Path
@@ -15,12 +14,9 @@ from pathlib import Path
 import pytest
 
 from loop_helpers import _tideloop_root
+from tests.ecosystem import suites
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("tideloop_ecosystem_suites",
-                                               ROOT / "tests" / "ecosystem" / "suites.py")
-suites = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(suites)
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="8">

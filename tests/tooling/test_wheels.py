@@ -7,7 +7,6 @@ place, a good one and one with each fault, and must pass the first and name
 the fault in each of the others.  TIDELOOP_WHEEL_TEST=1 adds the real run on
 this interpreter (about half a minute; needs PyPI through pip).
 """
-import importlib.util
 import os
 import subprocess
 import sys
@@ -16,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tools import wheels
+
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("tideloop_tools_wheels", ROOT / "tools" / "wheels.py")
-wheels = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(wheels)
 
 PLAIN = {"py": "cp313", "free_threaded": False, "machine": "x86_64",
          "ext_suffix": ".cpython-313-x86_64-linux-gnu.so"}

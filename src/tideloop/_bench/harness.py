@@ -1,10 +1,10 @@
 """What every benchmark shares: loops by name, interleaved runs, medians and
 ratios, text and Markdown tables, command-line pieces, the environment.
 
-Used by ``python -m tideloop bench`` (micro.py), by bench/net.py and
-bench/io.py (with procs.py) and by their workers (bench/echo_servers.py,
-bench/io_worker.py).  Standard library only, no relative imports: the
-drivers also load this file by path in a child process (procs.loop_versions).
+Used by ``python -m tideloop bench`` (micro.py) and by the checkout's
+benchmarks (``python -m bench.net``, ``bench.io``, ... with bench/procs.py)
+and their workers (bench.echo_servers, bench.io_worker).  Standard library
+only.
 """
 
 import argparse
@@ -348,9 +348,100 @@ def usable_cpus():
 
 
 def log_stderr(msg):
-    """Progress: stderr, flushed (the table goes to stdout)."""
+    """Notes and warnings: stderr, flushed (the table goes to stdout)."""
     sys.stderr.write(msg)
     sys.stderr.flush()
+
+
+def say(text):
+    """Text of the report (its header): stdout, flushed, so that it comes
+    before any progress written to stderr after it.  Same calling convention
+    as log_stderr and Progress: the caller ends lines with "\n"."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def say_verdict_legend(loops, subject):
+    for line in verdict_legend(loops, subject):
+        say(line + "\n")
+
+
+def _isatty(stream):
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _same_file(a, b):
+    try:
+        sa, sb = os.fstat(a.fileno()), os.fstat(b.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+class Progress:
+    """A run's progress, called with pieces of text as log(text) is ("  call_soon
+    n=500", "." per run, "\n" when a step is done), kept out of the results:
+
+    * stderr a terminal: one line, wiped when its step is done, so that the
+      rows printed meanwhile stand alone;
+    * stderr a file of its own (2>progress.log): a line per step;
+    * stderr the same file as stdout (2>&1 into a log or a pipe): nothing,
+      the rows printed as they finish are the progress."""
+
+    def __init__(self, stream=None, results=None):
+        self.stream = stream or sys.stderr
+        results = results or sys.stdout
+        self.transient = _isatty(self.stream)
+        self.silent = not self.transient and _same_file(self.stream, results)
+
+    def __call__(self, msg):
+        if self.silent:
+            return
+        if self.transient:
+            msg = msg.replace("\n", "\r\x1b[K")
+        self.stream.write(msg)
+        self.stream.flush()
+
+
+# --------------------------------------------------------------------------
+# Verdicts: the result column
+# --------------------------------------------------------------------------
+
+BENCH_EXTRA = "pip install 'tideloop[bench]'"
+
+
+def verdict_legend(loops, subject="tideloop's figure"):
+    """The header's lines saying what the result column means, for a run of
+    ``loops`` (the loops measured)."""
+    lines = [f"result:   PASS / FAIL = {subject} met / missed this project's own target "
+             "for the row (the target column: a ratio to uvloop, unless it names "
+             "another reference); info = no target; ERROR = tideloop failed"]
+    if "uvloop" not in loops:
+        lines.append(f"          uvloop not measured ({BENCH_EXTRA} installs it): where a "
+                     "target needs it, the result column shows tideloop against asyncio "
+                     "instead (\"2.0x faster\": asyncio's cost / tideloop's)")
+    return lines
+
+
+def versus_asyncio(ratio):
+    """tideloop's cost / asyncio's as the result column shows it without
+    uvloop: "2.0x faster", "1.3x slower", "n/a" without a ratio."""
+    if not ratio:
+        return "n/a"
+    return f"{1 / ratio:.1f}x faster" if ratio <= 1 else f"{ratio:.1f}x slower"
+
+
+def result_cell(verdict, ratio_vs_asyncio, loops):
+    """A row's result column: its verdict; without one because uvloop was not
+    measured, tideloop against asyncio; else "n/a" (a figure is missing)."""
+    if verdict:
+        return verdict
+    if "uvloop" not in loops:
+        return versus_asyncio(ratio_vs_asyncio)
+    return "n/a"
 
 
 def print_reproduce(command, elapsed):

@@ -1,6 +1,6 @@
 """Micro-benchmarks: stock asyncio vs uvloop vs tideloop, measured in one run.
 
-Run it as ``python -m tideloop bench`` or ``python bench/micro.py``.
+Run it as ``python -m tideloop bench``.
 
 How a figure is made (see "How we measure" in the architecture guide):
 
@@ -20,9 +20,8 @@ How a figure is made (see "How we measure" in the architecture guide):
   thread) iterates in C (``deque(map(...), maxlen=0)``) and the trivial callback is
   a C no-op, so the per-operation cost is the loop's, not the benchmark's.
 
-This module must import with the standard library only: ``bench/micro.py`` loads
-this package by path when the tideloop package itself cannot be imported (core
-not built).
+Standard library only (the loops are imported by name when measured; --plot
+uses the source checkout's bench/plot.py).
 """
 
 from __future__ import annotations
@@ -508,7 +507,8 @@ def _row_cells(r, loop_names):
         else:
             cells.append(_fmt_ns(r["ns_per_op"].get(name)))
     cells += [harness.fmt_ratio(r["ratio_vs_asyncio"]), harness.fmt_ratio(r["ratio_vs_uvloop"]),
-              _fmt_target(r["target_vs_uvloop"]), r["verdict"] or "n/a"]
+              _fmt_target(r["target_vs_uvloop"]),
+              harness.result_cell(r["verdict"], r["ratio_vs_asyncio"], loop_names)]
     return cells
 
 
@@ -544,7 +544,8 @@ class TableWriter:
         self.widths = ([max([len(self.header[0])] + [len(x) for x in labels])] + figures
                        + [len("tl/asyncio"), len("tl/uvloop"),
                           max([len("target")] + [len(_fmt_target(t)) for t in targets]),
-                          len("result")])
+                          len("result") if "uvloop" in self.loop_names
+                          else len("100.0x faster")])
 
     def _print(self, line):
         stream = self.stream or sys.stdout
@@ -600,13 +601,6 @@ _DEBUG_WARNING = ("warning: asyncio debug mode is on (-X dev / PYTHONASYNCIODEBU
                   "figures are not representative")
 
 
-def _isatty(stream):
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
 def _plural(n, word):
     return f"{n} {word}" + ("" if n == 1 else "s")
 
@@ -636,6 +630,7 @@ def header_lines(args, environment, benches, started):
         f"GC {'on' if args.gc else 'off'} while timing, "
         f"{'process CPU' if args.clock == 'cpu' else 'wall'} clock; {sizes}; "
         f"{_plural(len(benches), 'benchmark')}")
+    lines += harness.verdict_legend(env["loops"], "tideloop's ns/op")
     if env["dev_mode"] or env["asyncio_debug_env"]:
         lines.append(_DEBUG_WARNING)
     return lines
@@ -652,7 +647,7 @@ def footer_lines(args):
         f"{unit}; each figure is the median over {_plural(args.repeat, 'interleaved run')}, "
         f"fresh loop each, GC {'on' if args.gc else 'off'} while timing.",
         "tl/asyncio, tl/uvloop = tideloop's time / the other loop's (below 1.00x: "
-        "tideloop is faster); target = the tl/uvloop a PASS needs.",
+        "tideloop is faster); target = the tl/uvloop a PASS needs (this project's goal).",
     ]
 
 
@@ -690,11 +685,11 @@ def add_arguments(parser):
     harness.add_output_options(
         parser, json_help="also write all results (every sample, environment) as JSON to PATH",
         markdown_help="print the table as Markdown (README-ready) instead of plain text")
-    # Imported here, not at the top: the package's __init__ imports this
-    # module, and 'python -m tideloop._bench.plot' must find plot not yet
-    # imported (runpy warns otherwise).
-    from . import plot
-    plot.add_plot_option(parser)
+    parser.add_argument(
+        "--plot", default=None, metavar="PATH",
+        help="also draw the results as bars of each loop's speed relative to asyncio "
+             "to PATH (.svg, .png) with bench/plot.py: run from the root of a tideloop "
+             "source checkout; needs matplotlib: pip install 'tideloop[plot]'")
     parser.add_argument(
         "--timeout", type=float, default=120.0, metavar="S",
         help="give up on one measurement after S seconds (default: %(default)g)")
@@ -707,6 +702,20 @@ def add_arguments(parser):
         help="skip the discarded warm-up run per benchmark and loop")
     harness.add_verdict_options(parser)
     return parser
+
+
+def _plot_module():
+    """The checkout's bench/plot.py for --plot (not part of the installed
+    package), or None after a usage error saying where to run from."""
+    try:
+        from bench import plot
+    except ImportError as exc:
+        harness.usage_error(
+            "--plot: drawing needs bench/plot.py of a tideloop source checkout: run "
+            "from its root, or save the run with --json PATH and draw it there with "
+            f"python -m bench.plot PATH OUT.svg ({harness.exc_reason(exc)})")
+        return None
+    return plot
 
 
 def build_parser(prog=None):
@@ -729,10 +738,14 @@ def run_from_args(args, invocation=("-m", "tideloop", "bench")):
         return harness.usage_error("--repeat must be at least 1")
     if args.scale <= 0:
         return harness.usage_error("--scale must be positive")
-    from . import plot
-    bad_plot = plot.check_plot_option(args.plot)
-    if bad_plot is not None:
-        return bad_plot
+    plot = None
+    if args.plot:
+        plot = _plot_module()
+        if plot is None:
+            return 2
+        bad_plot = plot.check_plot_option(args.plot)
+        if bad_plot is not None:
+            return bad_plot
 
     wanted = harness.pick(args.loops, ALL_LOOPS, "loop", given_order=True)
     if wanted is None:
@@ -767,15 +780,7 @@ def run_from_args(args, invocation=("-m", "tideloop", "bench")):
         print(line)
     print(flush=True)
 
-    progress_is_transient = _isatty(sys.stderr) and _isatty(sys.stdout)
-
-    def log(msg):
-        # On a terminal the progress line is wiped when its row is printed;
-        # elsewhere (a log file, CI) each benchmark leaves a progress line.
-        if msg == "\n" and progress_is_transient:
-            msg = "\r\x1b[K"
-        sys.stderr.write(msg)
-        sys.stderr.flush()
+    log = harness.Progress()
 
     table = TableWriter(loop_names,
                         [b.label.format(n=_fmt_count(bench_size(b, args.quick, args.scale)))
@@ -819,7 +824,7 @@ def run_from_args(args, invocation=("-m", "tideloop", "bench")):
     })
     if args.json:
         harness.write_json(args.json, doc)
-    if args.plot and plot.draw_run(doc, args.plot):
+    if plot is not None and plot.draw_run(doc, args.plot):
         return 1
 
     return harness.missed(results) if args.fail_on_miss else 0

@@ -1,4 +1,4 @@
-"""Measuring loops in child processes (bench/net.py, bench/io.py): the C load
+"""Measuring loops in child processes (bench.net, bench.io): the C load
 generators built on first use, the workers' environment and loop versions, a
 server run under a C load generator, CPU time from /proc, the machine's other
 load, and the lines that report it.  Linux only; standard library only.
@@ -17,7 +17,7 @@ import sys
 import sysconfig
 import time
 
-from . import harness
+from tideloop._bench import harness
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 READY_TIMEOUT = 15.0
@@ -29,12 +29,15 @@ READY_TIMEOUT = 15.0
 
 # Link flags of the C programs that need a library (the TLS ones: OpenSSL).
 C_LIBS = {"tls_loadgen": ["-lssl", "-lcrypto"], "tls_echo_server": ["-lssl", "-lcrypto"]}
+# Included by every program: a change rebuilds them all.
+C_COMMON = "loadgen_common.h"
+C_FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror"]
 
 
 def build_c(src_dir, names, prog, force=False, log=None):
     """Compile ``src_dir``/NAME.c into ``src_dir``/bin/NAME when missing or
-    older than its source (or ``force``), linked with C_LIBS[NAME].  Returns
-    {name: path}."""
+    older than its source or C_COMMON (or ``force``), with C_FLAGS, linked
+    with C_LIBS[NAME].  Returns {name: path}."""
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     bin_dir = os.path.join(src_dir, "bin")
     os.makedirs(bin_dir, exist_ok=True)
@@ -43,12 +46,13 @@ def build_c(src_dir, names, prog, force=False, log=None):
         src = os.path.join(src_dir, name + ".c")
         exe = os.path.join(bin_dir, name)
         paths[name] = exe
+        sources = [src] + [p for p in [os.path.join(src_dir, C_COMMON)] if os.path.exists(p)]
         if (not force and os.path.exists(exe)
-                and os.path.getmtime(exe) >= os.path.getmtime(src)):
+                and os.path.getmtime(exe) >= max(map(os.path.getmtime, sources))):
             continue
         if not cc:
             raise SystemExit(f"{prog}: no C compiler (gcc/cc, or $CC) to build " + src)
-        cmd = [cc, "-O2", "-Wall", "-o", exe, src] + C_LIBS.get(name, [])
+        cmd = [cc, *C_FLAGS, "-o", exe, src] + C_LIBS.get(name, [])
         if log:
             log(f"build: {' '.join(shlex.quote(c) for c in cmd)}\n")
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -62,7 +66,7 @@ def build_c(src_dir, names, prog, force=False, log=None):
 
 def worker_env(src):
     """The workers import tideloop from an explicit PYTHONPATH or an installed
-    package first, else from the checkout's ``src`` (as bench/micro.py)."""
+    package first, else from the checkout's ``src`` (in-place build)."""
     env = dict(os.environ)
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     # Only an in-place build: without one, src/tideloop (whose _core is a
@@ -77,10 +81,8 @@ def worker_env(src):
 
 
 _VERSIONS_CODE = """\
-import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("tideloop_bench_harness", sys.argv[1])
-harness = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(harness)
+import json
+from tideloop._bench import harness
 print(json.dumps(harness.loop_versions()))
 """
 
@@ -89,7 +91,7 @@ def loop_versions(python, env, cwd):
     """What each loop name resolves to in the workers' environment
     (harness.loop_versions run there), or {"error": ...}."""
     try:
-        proc = subprocess.run([python, "-c", _VERSIONS_CODE, harness.__file__],
+        proc = subprocess.run([python, "-c", _VERSIONS_CODE],
                               capture_output=True, text=True, env=env, cwd=cwd, timeout=60)
         return json.loads(proc.stdout)
     except Exception as exc:
@@ -113,11 +115,32 @@ def program_output(cmd, env=None, cwd=None):
         return f"? ({harness.exc_reason(exc)})"
 
 
-def log_loop_versions(log, loops, versions, whose):
-    """One line per loop; False (and a line saying so) if tideloop is to be
-    measured but does not import in ``whose`` environment."""
+def measurable_loops(loops, versions):
+    """(the loops to measure, {loop: why not} for the others): ``loops`` less
+    the reference loops (asyncio, uvloop) that do not import in the workers'
+    environment (``versions``, loop_versions'), whose every run would fail.
+    tideloop stays: log_loop_versions stops the run without it."""
+    keep, skipped = [], {}
+    for name in loops:
+        version = str(versions.get(name) or "")
+        if name != "tideloop" and version.startswith("not importable"):
+            skipped[name] = version
+        else:
+            keep.append(name)
+    return keep, skipped
+
+
+def log_loop_versions(log, loops, versions, whose, skipped=None):
+    """One line per loop (and per loop ``skipped``, measurable_loops'); False
+    (and a line saying so) if tideloop is to be measured but does not import
+    in ``whose`` environment, or no loop is left."""
     for name in loops:
         log(f"  {name:<9} {versions.get(name, '?')}\n")
+    for name, why in (skipped or {}).items():
+        log(f"  {name:<9} skipped: {why} ({harness.BENCH_EXTRA})\n")
+    if not loops:
+        log("no loop to measure\n")
+        return False
     if "tideloop" in loops and not str(versions.get("tideloop", "")).startswith("tideloop "):
         log(f"tideloop is not importable in the {whose} environment\n")
         return False

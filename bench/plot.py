@@ -2,7 +2,7 @@
 row of a results document, one bar per loop, each loop's speed relative to
 asyncio (asyncio = 1.0, drawn as a line; higher is better).
 
-    python -m tideloop._bench.plot RESULTS.json OUT.svg [--title TEXT]
+    python -m bench.plot RESULTS.json OUT.svg [--title TEXT]
 
 redraws a saved document (what a benchmark's ``--json PATH`` wrote); the
 benchmarks' ``--plot PATH`` draws the run just measured.  matplotlib is an
@@ -38,7 +38,7 @@ The SVG output is deterministic (fixed hash salt, no date, text as text), so
 an image regenerated from the same document is byte-identical and a new run
 diffs as the figures that changed.
 
-Standard library only at import time, as the rest of this package.
+Standard library only at import time (matplotlib when drawing).
 """
 
 import argparse
@@ -47,7 +47,7 @@ import json
 import os
 import sys
 
-from . import harness
+from tideloop._bench import harness
 
 EXTRA_HINT = "pip install 'tideloop[plot]'"
 
@@ -345,7 +345,7 @@ def add_plot_option(parser):
 
 def build_parser():
     p = argparse.ArgumentParser(
-        prog="python -m tideloop._bench.plot",
+        prog="python -m bench.plot",
         description="Draw a saved benchmark results document (a benchmark's --json "
                     "output) as grouped bars: each loop's speed relative to asyncio, "
                     f"one group per row. Needs matplotlib ({EXTRA_HINT}).")
