@@ -22,7 +22,12 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
-import matrix  # noqa: E402  (tools/matrix.py, beside this script: the table's one definition)
+# tools/matrix.py holds the table's one definition: beside this file when run
+# as a script, tools.matrix when imported as a module.
+if __package__:
+    from . import matrix
+else:
+    import matrix  # noqa: E402
 
 FIXED_DOCS = ["README.md", "bench/README.md"]
 
@@ -106,7 +111,7 @@ def worker_spread_table():
                  f"httptools {versions.get('httptools')}), aiohttp {versions.get('aiohttp')}; "
                  f"Python {doc['python']}, Linux {doc['kernel']}, {doc['cpus']} CPUs shared with "
                  f"wrk; {doc['seconds']:g} s per run, the variants interleaved: "
-                 f"`{doc['reproduce']}` (`results/worker-spread.json`).")
+                 f"`{command({'command': doc['reproduce']})}` (`results/worker-spread.json`).")
     return "\n".join(lines) + "\n"
 
 
@@ -156,7 +161,7 @@ def threads_table():
             verdicts.append(f"two to_thread jobs / one, GIL {m['gil_mode']}: {ratios} "
                             f"({m['verdict']})")
         notes.append(f"{build} (tideloop against the targets): " + "; ".join(verdicts)
-                     + f". `{doc['command'].split(' ', 1)[1]}` (`results/{name}`).")
+                     + f". `{command(doc)}` (`results/{name}`).")
     return "\n".join(lines) + "\n\n" + "\n\n".join(notes) + "\n"
 
 

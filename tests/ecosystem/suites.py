@@ -397,9 +397,7 @@ def run_both(suite, python, root, targets, workdir, tag, wall):
         for loop in LOOPS:
             env = {}
             if suite.postgres:
-                if str(REPO / "tools") not in sys.path:
-                    sys.path.insert(0, str(REPO / "tools"))
-                from pgcluster import PgCluster
+                from tools.pgcluster import PgCluster
                 cluster = PgCluster()
                 clusters.append(cluster)
                 cluster.start()

@@ -81,7 +81,7 @@ def test_medians_ratios_and_verdict(apps):
                           _samples(uvloop=[10, 10, 10], tideloop=[9.5, 9.1, 9.2]), {})
     assert slow["tl_vs_uvloop"] == pytest.approx(0.92)
     assert slow["verdict"] == "FAIL"
-    # net.py's row layout, which tideloop._bench.plot reads
+    # net.py's row layout, which bench.plot reads
     for key in ("kind", "size", "conns", "rps", "cpu_us_per_req", "samples", "errors",
                 "tl_vs_asyncio", "tl_vs_uvloop", "tl_vs_c", "targets", "target_metric",
                 "checked", "verdict"):
