@@ -491,17 +491,21 @@ def test_subscribers_get_every_report(tl):
     diagnostics.subscribe(listener)         # once only
     try:
         diagnostics.report_slow_callbacks(0.03, tl)
-        diagnostics.watch_stalls(0.05, tl)
-        tl.call_soon(blocker)
+        diagnostics.watch_stalls(0.12, tl)
+        tl.call_soon(blocker)               # 0.2 s: a stall, and a slow callback
+        tl.call_soon(time.sleep, 0.05)      # a slow callback only
         spin(tl)
     finally:
         diagnostics.unsubscribe(broken)
         diagnostics.unsubscribe(listener)
         diagnostics.unsubscribe(listener)   # not subscribed: no error
         diagnostics.stop_watching_stalls(tl)
+    # One incident, one report: the stall's (the slow callback is kept).
     assert sorted(k for k, _, _ in got) == ["slow_callback", "stall"]
     assert all(loop is tl for _, loop, _ in got)
-    assert {k: r for k, _, r in got} == {"slow_callback": diagnostics.slow_callbacks(tl)[0],
+    slow = diagnostics.slow_callbacks(tl)
+    assert [s.get("stall", False) for s in slow] == [True, False]
+    assert {k: r for k, _, r in got} == {"slow_callback": slow[1],
                                          "stall": diagnostics.stalls(tl)[0]}
 
 
@@ -533,9 +537,31 @@ def test_the_environment_variable_turns_them_on(monkeypatch):
     finally:
         loop.close()
     assert threads() == before
-    monkeypatch.setenv("TIDELOOP_DIAGNOSTICS", "slow")
-    with pytest.raises(ValueError, match="TIDELOOP_DIAGNOSTICS: unknown item 'slow'"):
-        tideloop.new_event_loop()
+
+
+def test_a_bad_environment_setting_is_warned_of_once(monkeypatch, caplog):
+    # A typo must not stop the service: each bad item is logged once, naming
+    # the variable and the accepted forms, and the good ones apply.
+    monkeypatch.setenv("TIDELOOP_DIAGNOSTICS", "slow, stall=0.05,stalls=abc, timing,slow=-1")
+    with caplog.at_level("WARNING", logger="tideloop.diagnostics"):
+        for _ in range(3):
+            loop = tideloop.new_event_loop()
+            try:
+                assert loop.diagnostics()["callback_timing"] is True
+                assert loop._set_stall_threshold(None) is None
+                assert loop._set_slow_callback_threshold(None) is None
+            finally:
+                loop.close()
+    texts = sorted(r.getMessage() for r in caplog.records)
+    assert len(texts) == 4, texts
+    assert all(t.startswith("TIDELOOP_DIAGNOSTICS: ignoring ") and "stalls=SECONDS" in t
+               for t in texts)
+    by_item = {t.split("'")[1]: t for t in texts}
+    assert set(by_item) == {"slow", "stall=0.05", "stalls=abc", "slow=-1"}
+    assert "did you mean 'stalls'" in by_item["stall=0.05"]
+    assert "not a number: 'abc'" in by_item["stalls=abc"]
+    assert "slow takes a value" in by_item["slow"]
+    assert "above 0" in by_item["slow=-1"]
 
 
 def test_the_readme_walkthrough_finds_its_planted_fault():
