@@ -15,14 +15,14 @@ Its long-lived tasks -- two workers, a ticker and the feeder, gathered by
 them.  ``--report`` also calls ``tideloop.diagnostics.report_task_leaks``
 from a task of its own while the service runs (and prints the report as
 JSON); ``--seconds N`` keeps it serving N seconds after the requests (for
-``python -m tideloop top PID``).
+``python -m tideloop top PID``); ``--requests N``: N requests, not 12.
 """
 import asyncio
 import json
 import sys
 import time
 
-REQUESTS = 12
+REQUESTS = int(sys.argv[sys.argv.index("--requests") + 1]) if "--requests" in sys.argv else 12
 
 
 def lookup_price(symbol):

@@ -10,6 +10,7 @@ registers each new loop here (:func:`register_loop`).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import logging
 import os
@@ -161,31 +162,49 @@ def publish(kind, loop, report):
 
 # -- logging, rate-limited ---------------------------------------------------------
 
+_limits = []
+
+
 class RateLimit:
     """At most LOG_BURST records per loop in any minute; the ones held back
-    are counted, and the next record that is logged says how many."""
+    are counted, the next record that is logged says how many, and so
+    does a last record at exit for those never told of."""
 
-    def __init__(self):
+    clock = staticmethod(time.monotonic)
+
+    def __init__(self, kind):
+        self.kind = kind
+        self.untold = 0                                 # held back, not yet told of
         self._times = weakref.WeakKeyDictionary()       # loop -> deque of log times
         self._held = weakref.WeakKeyDictionary()        # loop -> records held back
+        _limits.append(self)
 
     def admit(self, loop):
         """None: hold this record back.  Else the suffix for its message:
         "" or " (N similar reports suppressed)"."""
         times = self._times.setdefault(loop, collections.deque(maxlen=LOG_BURST))
-        now = time.monotonic()
+        now = self.clock()
         if len(times) == LOG_BURST and now - times[0] < 60:
             self._held[loop] = self._held.get(loop, 0) + 1
+            self.untold += 1
             return None
         times.append(now)
         held = self._held.pop(loop, 0)
         if not held:
             return ""
+        self.untold -= held
         return " (%d similar report%s suppressed)" % (held, "" if held == 1 else "s")
 
-    def held(self, loop):
-        """How many records are held back and not yet told of."""
-        return self._held.get(loop, 0)
+
+
+@atexit.register
+def _tell_the_untold():
+    for limit in _limits:
+        if limit.untold > 0:
+            logger.warning("%d more %s report%s held back by the log's rate limit (%d a "
+                           "minute per loop) and not logged", limit.untold, limit.kind,
+                           "" if limit.untold == 1 else "s", LOG_BURST)
+            limit.untold = 0
 
 
 # -- helpers ------------------------------------------------------------------------

@@ -140,7 +140,7 @@ def task_leaks(pending_for=60.0, loop=None):
     return {"pending": groups(pending), "unwaited": groups(unwaited), "untracked": untracked}
 
 
-_leak_log = _st.RateLimit()
+_leak_log = _st.RateLimit("task-leak")
 
 
 def _log_group(kind, group, suffix, when):

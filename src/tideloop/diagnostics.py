@@ -219,6 +219,12 @@ def _blocking_frame(stack):
     return stack[-1]
 
 
+def _task_of_step(what):
+    """The Task whose step (or wakeup) the Handle runs, or None."""
+    task = getattr(getattr(what, "_callback", None), "__self__", None)
+    return task if isinstance(task, asyncio.Future) and hasattr(task, "get_coro") else None
+
+
 def _task_text(report):
     """"task 'Task-9' (fetch_price, created at buggy.py:30)" of a report
     with task details."""
@@ -227,8 +233,8 @@ def _task_text(report):
                                ", created at %s:%d" % origin if origin else "")
 
 
-_stall_log = _st.RateLimit()
-_slow_log = _st.RateLimit()
+_stall_log = _st.RateLimit("stall")
+_slow_log = _st.RateLimit("slow-callback")
 
 
 def _report(loop, what, io_name, duration, started, delay, stack, signalled=0, slow=None):
@@ -252,6 +258,12 @@ def _report(loop, what, io_name, duration, started, delay, stack, signalled=0, s
         for k in ("task", "coroutine", "origin"):
             if k in slow_report:
                 report[k] = slow_report[k]
+    else:
+        task = _task_of_step(what)
+        if task is not None:
+            coro = task.get_coro()
+            report.update(task=task.get_name(), origin=_task_origin(loop, task),
+                          coroutine=getattr(coro, "__qualname__", repr(coro)))
     _st.stall_totals[loop] = _st.stall_totals.get(loop, 0) + 1
     _st.keep(_st.recent_stalls, loop, report)
     _st.publish("stall", loop, report)
@@ -408,7 +420,8 @@ def _slow_report(loop, what, io_name, duration, task, started, stack=None):
     else:
         chain = _await_chain(task)
         frames = [c for c in chain if not isinstance(c, str)]
-        frames = [c for c in frames if not c[1].startswith(_ASYNCIO_DIR)] or frames
+        frames = [c for c in frames if not c[1].startswith((_ASYNCIO_DIR, _st.PACKAGE_DIR))
+                  ] or frames
         ended = frames[-1] if frames else started
     report.update(task=task.get_name(), coroutine=getattr(coro, "__qualname__", repr(coro)),
                   origin=_task_origin(loop, task), started=started, ended=ended,

@@ -63,6 +63,25 @@ def test_a_planted_stall_gives_one_report_naming_the_blocking_line():
                                        "# planted: blocks the loop")
 
 
+def test_a_stall_report_alone_names_the_task_too():
+    r = run("stalls=0.1")
+    stalls = records(r.stderr, "Event loop blocked for ")
+    assert len(stalls) == 3, r.stderr
+    for report in stalls:
+        head = report.partition("\n")[0]
+        assert " in task 'Task-" in head and "(fetch_price) at %s:%d in lookup_price" % (
+            PROGRAM, SLEEP_LINE) in head, head
+
+
+def test_the_reports_the_rate_limit_held_back_are_counted():
+    # 12 stalls: 10 logged in the minute, the last 2 counted at exit.
+    r = run("stalls=0.1", "--requests", "48")
+    assert len(records(r.stderr, "Event loop blocked for ")) == 10, r.stderr
+    assert r.stderr.rstrip().endswith(
+        "\n2 more stall reports held back by the log's rate limit (10 a minute per loop) "
+        "and not logged"), r.stderr
+
+
 def test_a_slow_step_without_a_stall_names_where_it_ended():
     # No watchdog: the slow-callback report alone says where the step
     # ended -- here the return from the finished task, never "-".
@@ -104,7 +123,7 @@ def test_top_flags_the_suspected_leaks(tmp_path):
         path = run_dir / "tideloop" / ("%d.sock" % proc.pid)
         deadline = time.monotonic() + TIMEOUT
         out = ""
-        while "audit" not in out and time.monotonic() < deadline:
+        while "12 x audit" not in out and time.monotonic() < deadline:
             time.sleep(0.3)
             if not path.exists():
                 continue

@@ -644,3 +644,23 @@ def test_a_slow_report_is_not_charged_to_the_next_callback(tl):
         diagnostics.unsubscribe(slow_subscriber)
     assert [k for k, _ in got] == ["slow_callback"]
     assert "sleep" in got[0][1]
+
+
+def test_the_log_says_how_many_reports_it_held_back(tl, caplog, monkeypatch):
+    # At most 10 records per loop and minute; the first one logged after
+    # the minute says how many were held back, instead of hiding them.
+    now = [1000.0]
+    monkeypatch.setattr(diagnostics._slow_log, "clock", lambda: now[0])
+    diagnostics.report_slow_callbacks(0.005, tl)
+    with caplog.at_level("WARNING", logger="tideloop.diagnostics"):
+        for _ in range(13):
+            tl.call_soon(time.sleep, 0.01)
+        spin(tl)
+        assert len(caplog.records) == 10
+        assert "suppressed" not in caplog.text
+        now[0] += 61
+        tl.call_soon(time.sleep, 0.01)
+        spin(tl)
+    assert len(diagnostics.slow_callbacks(tl)) == 14        # all kept
+    assert len(caplog.records) == 11
+    assert caplog.records[-1].getMessage().endswith(" (3 similar reports suppressed)")

@@ -247,3 +247,36 @@ def test_the_environment_variable_turns_tracking_on(monkeypatch):
         assert loop._task_stats() is None
     finally:
         loop.close()
+
+
+def test_the_asking_task_and_awaited_tasks_are_not_pending_leaks(tl):
+    # A server's shape: a main task (run_forever: no done callback) that
+    # asks for the report, a worker that a boss task awaits, and a lone
+    # task nothing awaits.  Only the tasks nothing waits for are
+    # long-pending; the asking task and the awaited worker are not.
+    diagnostics.track_tasks(loop=tl)
+    out = []
+
+    async def forever():
+        await asyncio.sleep(3600)
+
+    async def boss(worker):
+        await worker
+
+    async def main():
+        worker = asyncio.create_task(forever(), name="worker")
+        bosses = [asyncio.create_task(boss(worker), name="boss")]
+        lone = asyncio.create_task(forever(), name="lone")
+        await asyncio.sleep(0.1)
+        out.append(diagnostics.task_leaks(pending_for=0.05))
+        for t in (worker, lone, *bosses):
+            t.cancel()
+        await asyncio.gather(worker, lone, *bosses, return_exceptions=True)
+        tl.stop()
+
+    task = tl.create_task(main(), name="main")
+    tl.run_forever()
+    assert task.done()
+    [report] = out
+    assert sorted(n for g in report["pending"] for n in g["tasks"]) == ["boss", "lone"]
+    assert report["unwaited"] == []
