@@ -244,9 +244,14 @@ class OpenTelemetryMetrics:
         event = None
         if kind == "stall":
             what = "event loop blocked for %.3f s in %s" % (duration, report["callback"])
+            if report.get("task") is not None:      # one span for the stall and slow step
+                what = "event loop blocked for %.3f s in task %r (%s)" % (
+                    duration, report["task"], report["coroutine"])
+                attrs.update({"tideloop.task": report["task"],
+                              "tideloop.coroutine": report["coroutine"]})
             stack = report.get("stack")
             if stack:
-                filename, lineno, function, line = stack[-1]
+                filename, lineno, function, line = report.get("blocked_at") or stack[-1]
                 attrs.update({
                     "tideloop.blocked_at": "%s:%d in %s: %s" % (filename, lineno, function,
                                                                  line or ""),
