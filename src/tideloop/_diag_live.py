@@ -651,16 +651,6 @@ def _short(path):
     return path
 
 
-def _innermost(stack):
-    """The innermost frame outside asyncio and tideloop, else the innermost."""
-    if not stack:
-        return None
-    for f in reversed(stack):
-        if "/asyncio/" not in f[0] and "/tideloop/" not in f[0]:
-            return f
-    return stack[-1]
-
-
 def render(prev, doc, width=None):
     """One screen: the process, then each loop (prev: the document of the
     last refresh, for rates; None for averages since the loop began)."""
@@ -727,7 +717,7 @@ def _render_loop(b, e):
                    else "  stalls   none")
         seen = {}                       # where -> [longest, how many], newest first
         for s in reversed(stalls):
-            f = s.get("blocked_at") or _innermost(s.get("stack"))
+            f = s.get("blocked_at") or _st.blocking_frame(s.get("stack"))
             text = _frame_text(f) if f else s["callback"]
             if s.get("task"):
                 text += "  [task %r (%s)]" % (s["task"], s["coroutine"])

@@ -242,6 +242,17 @@ def without_runner(stack):
     return stack
 
 
+def blocking_frame(stack):
+    """The frame the time went in: the innermost outside asyncio and
+    tideloop (the program's), else the innermost; None for no stack."""
+    if not stack:
+        return None
+    for f in reversed(stack):
+        if not f[0].startswith((ASYNCIO_DIR, PACKAGE_DIR)):
+            return f
+    return stack[-1]
+
+
 def bucket_upper(i, hist):
     if i + 1 < len(HISTOGRAM_BOUNDS):
         return min(HISTOGRAM_BOUNDS[i + 1], hist["max"]) if hist["max"] else HISTOGRAM_BOUNDS[i + 1]

@@ -210,15 +210,6 @@ def _describe(what, io_name):
         return repr(what)
 
 
-def _blocking_frame(stack):
-    """The frame the time went in: the innermost outside asyncio and
-    tideloop (the program's), else the innermost."""
-    for f in reversed(stack):
-        if not f[0].startswith(_ASYNCIO_DIR) and not f[0].startswith(_st.PACKAGE_DIR):
-            return f
-    return stack[-1]
-
-
 def _task_of_step(what):
     """The Task whose step (or wakeup) the Handle runs, or None."""
     task = getattr(getattr(what, "_callback", None), "__self__", None)
@@ -250,7 +241,7 @@ def _report(loop, what, io_name, duration, started, delay, stack, signalled=0, s
     report = {"duration": duration, "started": started, "callback": _describe(what, io_name),
               "stack": stack, "capture_delay": delay if stack is not None else None,
               "captured_by": captured_by if stack is not None else None,
-              "blocked_at": _blocking_frame(stack) if stack else None}
+              "blocked_at": _st.blocking_frame(stack)}
     if slow is not None:
         took, task, where = slow
         slow_report = _slow_report(loop, what, io_name, took, task, where, stack)
