@@ -718,7 +718,10 @@ def _render_loop(b, e):
         seen = {}                       # where -> [longest, how many], newest first
         for s in reversed(stalls):
             f = s.get("blocked_at") or _st.blocking_frame(s.get("stack"))
-            text = _frame_text(f) if f else s["callback"]
+            end = s.get("ended")        # no stack: where the task's step ended
+            text = (_frame_text(f) if f else
+                    "%s:%s %s (its step's end)" % (_short(end[1]), end[2], end[0]) if end
+                    else s["callback"])
             if s.get("task"):
                 text += "  [task %r (%s)]" % (s["task"], s["coroutine"])
             where = seen.setdefault(text, [0.0, 0])

@@ -107,9 +107,10 @@ def stalls(loop=None):
     loop thread gave up; ``"signal"``: C code held the GIL, so faulthandler
     wrote the stack from inside the stalled thread on the watchdog's
     signal) and ``capture_delay`` (s from ``started`` to the capture).
-    When slow callbacks are reported too and the callback was a Task's
-    step: ``task``, ``coroutine`` and ``origin`` as in
-    :func:`slow_callbacks`."""
+    When the callback was a Task's step (slow callbacks reported or not):
+    ``task``, ``coroutine``, ``origin`` and ``ended`` as in
+    :func:`slow_callbacks` (``ended`` says where the time went when the
+    stack could not be taken)."""
     return list(recent_stalls.get(check_loop(loop), ()))
 
 

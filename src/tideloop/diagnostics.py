@@ -242,19 +242,15 @@ def _report(loop, what, io_name, duration, started, delay, stack, signalled=0, s
               "stack": stack, "capture_delay": delay if stack is not None else None,
               "captured_by": captured_by if stack is not None else None,
               "blocked_at": _st.blocking_frame(stack)}
-    if slow is not None:
-        took, task, where = slow
-        slow_report = _slow_report(loop, what, io_name, took, task, where, stack)
-        _st.keep(_st.recent_slow, loop, slow_report)
-        for k in ("task", "coroutine", "origin"):
-            if k in slow_report:
-                report[k] = slow_report[k]
-    else:
-        task = _task_of_step(what)
-        if task is not None:
-            coro = task.get_coro()
-            report.update(task=task.get_name(), origin=_task_origin(loop, task),
-                          coroutine=getattr(coro, "__qualname__", repr(coro)))
+    task = slow[1] if slow is not None else _task_of_step(what)
+    if slow is not None or task is not None:
+        step = _slow_report(loop, what, io_name, slow[0] if slow else duration, task,
+                            slow[2] if slow else None, stall=True)
+        if slow is not None:
+            _st.keep(_st.recent_slow, loop, step)
+        for k in ("task", "coroutine", "origin", "ended"):
+            if k in step:
+                report[k] = step[k]
     _st.stall_totals[loop] = _st.stall_totals.get(loop, 0) + 1
     _st.keep(_st.recent_stalls, loop, report)
     _st.publish("stall", loop, report)
@@ -271,8 +267,11 @@ def _report(loop, what, io_name, duration, started, delay, stack, signalled=0, s
                        "".join(traceback.format_list(stack)).rstrip(), suffix,
                        extra={"tideloop_stall": report})
     else:
-        logger.warning("Event loop blocked for %.3f s in %s (its stack could not be "
-                       "taken)%s", duration, what, suffix, extra={"tideloop_stall": report})
+        logger.warning("Event loop blocked for %.3f s in %s; its stack could not be "
+                       "taken%s%s", duration, what,
+                       "; the step ended at %s" % _st.where(report["ended"])
+                       if report.get("ended") else "", suffix,
+                       extra={"tideloop_stall": report})
 
 
 # -- export -----------------------------------------------------------------
@@ -392,12 +391,12 @@ def _task_origin(loop, task):
     return _diag_tasks._origin(task, None)
 
 
-def _slow_report(loop, what, io_name, duration, task, started, stack=None):
+def _slow_report(loop, what, io_name, duration, task, started, stall=False):
     """The report of a slow callback: for a Task's step, the task, where it
     was created, and where the step started and ended -- or, once the
     task is done, the line its coroutine returned from."""
     report = {"duration": duration, "callback": _describe(what, io_name)}
-    if stack is not None:
+    if stall:
         report["stall"] = True
     if task is None:
         return report

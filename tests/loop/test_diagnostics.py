@@ -13,6 +13,7 @@ import time
 import pytest
 
 import tideloop
+from tideloop import _core
 from tideloop import diagnostics
 
 from .test_stats import spin, tl  # noqa: F401 - the tideloop-only fixture and helper
@@ -664,3 +665,34 @@ def test_the_log_says_how_many_reports_it_held_back(tl, caplog, monkeypatch):
     assert len(diagnostics.slow_callbacks(tl)) == 14        # all kept
     assert len(caplog.records) == 11
     assert caplog.records[-1].getMessage().endswith(" (3 similar reports suppressed)")
+
+
+def test_a_stall_without_its_stack_says_where_the_step_ended(tl, caplog):
+    async def stuck():
+        await asyncio.sleep(0)
+        time.sleep(0.2)
+        await asyncio.sleep(10)
+    line = stuck.__code__.co_firstlineno + 3
+    task_types = tuple({asyncio.Task, getattr(asyncio.tasks, "_PyTask", asyncio.Task)})
+    # A capture that fails (as one may: a thread gone, no frames).
+    _core._diag_setup(lambda tid: None, diagnostics._report, diagnostics._slow,
+                      diagnostics._ASYNCIO_DIR, task_types)
+    try:
+        diagnostics.watch_stalls(0.05, tl)
+        with caplog.at_level("WARNING", logger="tideloop.diagnostics"):
+            task = tl.create_task(stuck(), name="stuck")
+            spin(tl, 3)
+    finally:
+        diagnostics.stop_watching_stalls(tl)
+        _core._diag_setup(diagnostics._capture, diagnostics._report, diagnostics._slow,
+                          diagnostics._ASYNCIO_DIR, task_types)
+        task.cancel()
+        spin(tl, 2)
+    [report] = diagnostics.stalls(tl)
+    assert report["stack"] is None and report["task"] == "stuck"
+    qualname = stuck.__qualname__
+    assert report["ended"] == (qualname, __file__, line)
+    [record] = caplog.records
+    assert record.getMessage().endswith(
+        "in task 'stuck' (%s); its stack could not be taken; the step ended at %s "
+        "(%s:%d)" % (qualname, qualname, __file__, line))

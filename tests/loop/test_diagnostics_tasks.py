@@ -280,3 +280,30 @@ def test_the_asking_task_and_awaited_tasks_are_not_pending_leaks(tl):
     [report] = out
     assert sorted(n for g in report["pending"] for n in g["tasks"]) == ["boss", "lone"]
     assert report["unwaited"] == []
+
+
+def test_a_task_that_asyncio_made_in_a_callback_has_no_made_up_origin(tl):
+    # A stream server's connection handler is created by asyncio inside a
+    # loop callback: the frames past the loop's run (this test's) are not
+    # its creator, so its origin is unknown rather than a wrong line.
+    diagnostics.track_tasks(origins=True, loop=tl)
+    seen = []
+
+    async def handle(reader, writer):
+        seen.append(asyncio.current_task())
+        writer.close()
+
+    async def main():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname())
+        await reader.read()
+        writer.close()
+        server.close()
+        await server.wait_closed()
+        mine = asyncio.create_task(asyncio.sleep(0))      # made here: this line
+        await mine
+        return {t["id"]: t["origin"] for t in diagnostics.task_stats()}, mine
+
+    origins, mine = tl.run_until_complete(main())
+    assert origins[id(seen[0])] is None
+    assert origins[id(mine)] == (__file__, sys._getframe().f_lineno - 6)

@@ -290,8 +290,24 @@ tl_task_where(tl_state *st, PyObject *task)
     return where;
 }
 
+/* Is this code (of asyncio's) the loop running a callback: what the
+ * callback's caller frames are, and no creator of a task? */
+static int
+runs_the_loop(PyCodeObject *code)
+{
+    static const char *const names[] = {"run_forever", "run_until_complete", "_run_once",
+                                        "_run", "run"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (PyUnicode_CompareWithASCIIString(code->co_name, names[i]) == 0)
+            return 1;
+    return 0;
+}
+
 /* Where create_task was called: the innermost frame outside asyncio's own
- * modules (asyncio.create_task, a TaskGroup), as (filename, line). */
+ * modules (asyncio.create_task, a TaskGroup), as (filename, line).  None
+ * when asyncio itself made the task in a callback (a stream server's
+ * connection handler): the frames past the loop's run are not its
+ * creator's. */
 static PyObject *
 creation_site(tl_state *st)
 {
@@ -305,6 +321,10 @@ creation_site(tl_state *st)
                                        PY_SSIZE_T_MAX, -1) != 1;
         if (ours) {
             site = Py_BuildValue("(Oi)", code->co_filename, PyFrame_GetLineNumber(f));
+            Py_DECREF(code);
+            break;
+        }
+        if (runs_the_loop(code)) {
             Py_DECREF(code);
             break;
         }
