@@ -160,12 +160,15 @@ def _log_group(kind, group, suffix, when):
             names, suffix, extra={"tideloop_task_leak": group})
 
 
-def report_task_leaks(pending_for=60.0, loop=None, _when=""):
+def report_task_leaks(pending_for=60.0, loop=None):
     """:func:`task_leaks`, each group logged on :data:`logger` (WARNING,
     ``extra={"tideloop_task_leak": group}``, rate-limited) and handed to
     subscribers (kind ``"task_leak"``, the group with a ``kind`` key:
     pending or unwaited).  Returns the report."""
-    loop = _st.check_loop(loop)
+    return _report_leaks(pending_for, _st.check_loop(loop), "")
+
+
+def _report_leaks(pending_for, loop, when):
     report = task_leaks(pending_for, loop)
     for kind in ("unwaited", "pending"):
         for group in report[kind]:
@@ -173,7 +176,7 @@ def report_task_leaks(pending_for=60.0, loop=None, _when=""):
             _st.publish("task_leak", loop, group)
             suffix = _leak_log.admit(loop)
             if suffix is not None:
-                _log_group(kind, group, suffix, _when)
+                _log_group(kind, group, suffix, when)
     return report
 
 
@@ -190,12 +193,11 @@ def report_leaks_at_close(loop, pending_for=60.0):
     loop._diag_on_close = _closing
 
 
-def _closing(loop):
+def _closing(loop, when=" at loop close"):
     pending_for = _at_close.pop(loop, None)
-    if pending_for is None or loop._task_stats() is None:
-        return
     try:
-        report_task_leaks(pending_for, loop, _when=" at loop close")
+        if pending_for is not None and loop._task_stats() is not None:
+            _report_leaks(pending_for, loop, when)
     except Exception:       # noqa: BLE001 - a report must not stop the close
         _st.logger.exception("tideloop.diagnostics: the task-leak report failed")
 
@@ -204,4 +206,4 @@ def _closing(loop):
 def _report_open_loops():
     for loop in list(_at_close):
         if not loop.is_running():
-            _closing(loop)
+            _closing(loop, " at exit")

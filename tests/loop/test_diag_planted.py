@@ -152,3 +152,24 @@ def test_the_environment_typo_warns_once_and_the_program_runs_on():
     assert len(records(r.stderr, "Task leak at loop close: 12 task(s) of audit")) == 1
 
 
+
+
+def test_the_leak_report_comes_at_exit_for_a_loop_never_closed(tmp_path):
+    prog = tmp_path / "never_closed.py"
+    prog.write_text(
+        "import asyncio\n"
+        "async def forgotten():\n"
+        "    return 1\n"
+        "async def main():\n"
+        "    asyncio.create_task(forgotten())\n"
+        "    await asyncio.sleep(0.01)\n"
+        "loop = asyncio.new_event_loop()\n"
+        "loop.run_until_complete(main())\n")
+    r = subprocess.run([sys.executable, "-m", "tideloop", "run", str(prog)],
+                       capture_output=True, text=True, timeout=TIMEOUT,
+                       env=child_env({"TIDELOOP_DIAGNOSTICS": "leaks"}))
+    assert r.returncode == 0, r
+    assert records(r.stderr, "Task leak") == [
+        "Task leak at exit: 1 task(s) of forgotten (created at %s:5) finished with nobody "
+        "awaiting them, their results and exceptions lost; keep a reference and await them "
+        "(or use a TaskGroup)" % prog], r.stderr
