@@ -34,7 +34,7 @@ out: the program runs on.
 
 Each record logged is rate-limited (10 per loop, kind and minute); the
 first one logged after some were held back says how many ("N similar
-reports suppressed").
+reports suppressed"), and a last record at exit counts those never told of.
 
 The live view: :func:`serve` lets ``python -m tideloop top PID`` show the
 process's loops (``tideloop._diag_live`` has the server and the client).
@@ -44,14 +44,24 @@ When the loop has been inside one callback for longer than the threshold,
 it captures the loop thread's Python stack at that moment -- the line that
 blocks: a ``time.sleep``, a CPU-bound loop, a blocking socket call -- and
 when the callback returns the stall is reported once: logged on
-:data:`logger` and kept in :func:`stalls` (the last 32).  A loop that is not
-watched pays nothing for this.
+:data:`logger` and kept in :func:`stalls` (the last 32), naming the blocking
+file:line and function and, for a Task's step, the task and where it was
+created (when task tracking with origins knows it).  Stacks leave out the
+frames of ``python -m tideloop run`` and runpy, as tracebacks do.  A loop
+that is not watched pays nothing for this.
 
 Slow callbacks: :func:`report_slow_callbacks` times every callback (debug
 mode not needed) and reports each one that took longer than the
 threshold -- when it was a Task's step, with the Task, its coroutine, its
-await chain and the lines the step started and ended at
-(:func:`slow_callbacks`, and :data:`logger`).
+await chain and the lines the step started and ended at (or, once the
+task is done, the line it returned from) (:func:`slow_callbacks`, and
+:data:`logger`).  One incident gives one report: a callback that the
+stall watchdog caught too is logged as the stall, with the task's details.
+
+Task leaks: :func:`task_leaks` (with :func:`track_tasks`) tells the
+fire-and-forget tasks that finished with nobody awaiting them from the
+long-pending ones nothing waits for; the asking task and the tasks a live
+task awaits (a server's main task, its gathered workers) are neither.
 """
 from __future__ import annotations
 
