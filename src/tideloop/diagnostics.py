@@ -270,11 +270,11 @@ def _report(loop, what, io_name, duration, started, delay, stack, signalled=0, s
     what = _task_text(report) if report.get("task") else report["callback"]
     if stack:
         f = report["blocked_at"]
-        logger.warning("Event loop blocked for %.3f s in %s at %s:%d in %s%s; stack when "
-                       "caught (%.3f s in%s):\n%s%s", duration, what, f[0], f[1], f[2],
-                       (": " + f[3]) if f[3] else "", delay,
+        logger.warning("Event loop blocked for %.3f s in %s at %s:%d in %s%s%s; stack when "
+                       "caught (%.3f s in%s):\n%s", duration, what, f[0], f[1], f[2],
+                       (": " + f[3]) if f[3] else "", suffix, delay,
                        ", by signal: C code held the GIL" if signalled else "",
-                       "".join(traceback.format_list(stack)).rstrip(), suffix,
+                       "".join(traceback.format_list(stack)).rstrip(),
                        extra={"tideloop_stall": report})
     else:
         logger.warning("Event loop blocked for %.3f s in %s; its stack could not be "

@@ -696,3 +696,25 @@ def test_a_stall_without_its_stack_says_where_the_step_ended(tl, caplog):
     assert record.getMessage().endswith(
         "in task 'stuck' (%s); its stack could not be taken; the step ended at %s "
         "(%s:%d)" % (qualname, qualname, __file__, line))
+
+
+def test_a_stall_record_after_held_back_ones_says_so_in_its_first_line(tl, caplog,
+                                                                       monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(diagnostics._stall_log, "clock", lambda: now[0])
+    diagnostics.watch_stalls(0.03, tl)
+    try:
+        with caplog.at_level("WARNING", logger="tideloop.diagnostics"):
+            for _ in range(11):
+                tl.call_soon(time.sleep, 0.08)
+            spin(tl)
+            now[0] += 61
+            tl.call_soon(time.sleep, 0.08)
+            spin(tl)
+    finally:
+        diagnostics.stop_watching_stalls(tl)
+    assert len(diagnostics.stalls(tl)) == 12
+    assert len(caplog.records) == 11
+    head = caplog.records[-1].getMessage().split("\n")[0]
+    assert head.endswith(" (1 similar report suppressed); stack when caught (%s s in):"
+                         % head.split("caught (")[1].split(" s in")[0]), head
