@@ -33,6 +33,7 @@ from asyncio.log import logger as _logger
 
 from . import _compat
 from . import _core
+from ._diag_state import register_loop as _register_loop
 from . import _tls  # sets up the TLS engine and its routes at import
 from . import _streams  # sets up asyncio streams' C data path at import
 from ._version import __version__
@@ -126,29 +127,6 @@ def _reap_quietly(pid):
         pass
 
 
-# Every tideloop loop alive, for tideloop.diagnostics.loops() (the live
-# view lists them without the program naming them).
-# Every loop alive, for tideloop.diagnostics.loops(): id -> weak reference.
-# Loops are made and freed in any thread (a WeakSet changes size under an
-# iteration in another thread); the lock is reentrant because a loop freed
-# while the lock is held runs its weak reference's callback there.
-_LOOPS = {}
-_LOOPS_LOCK = threading.RLock()
-
-
-def _forget_loop(ref, _loops=_LOOPS, _lock=_LOOPS_LOCK):
-    with _lock:
-        for key, value in list(_loops.items()):
-            if value is ref:
-                del _loops[key]
-
-
-def _live_loops():
-    with _LOOPS_LOCK:
-        refs = list(_LOOPS.values())
-    return [lp for lp in (r() for r in refs) if lp is not None]
-
-
 class Loop(_core.Loop, asyncio.AbstractEventLoop):
     """The tideloop event loop: asyncio's behaviour, in C."""
 
@@ -159,10 +137,10 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
     _coroutine_origin_tracking_enabled = False
     _coroutine_origin_tracking_saved_depth = None
     _old_wakeup_fd = None
+    _diag_on_close = None   # tideloop.diagnostics' report at close (leaks)
 
     def __init__(self):
-        with _LOOPS_LOCK:
-            _LOOPS[id(self)] = weakref.ref(self, _forget_loop)
+        _register_loop(self)    # listed by tideloop.diagnostics.loops()
         self._asyncgens = weakref.WeakSet()
         self._set_debug_flag(_compat.is_debug_mode())
         # CPython's C Task looks up loop.call_soon with a plain getattr on
@@ -221,6 +199,8 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
             return
         if self.get_debug():
             _logger.debug("Close %r", self)
+        if self._diag_on_close is not None:
+            self._diag_on_close(self)
         # Signal handlers go first: the interpreter must stop writing signal
         # numbers into our pipe before the pipe is closed.
         if self._signal_handlers:

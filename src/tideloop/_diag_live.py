@@ -33,7 +33,11 @@ import time
 import traceback
 import weakref
 
+from . import _diag_state as _st
+from . import _diag_tasks
+
 PROBE_TIMEOUT = 0.5     # s the server waits for a loop to answer
+_LEAK_PENDING_FOR = 60.0    # s pending that the view calls long-pending
 RECENT = 5              # stalls and slow callbacks per loop in a view
 ATTACH_WAIT = 3.0       # s top waits for a process to run the attach code
 MAX_REQUEST = 1 << 16
@@ -254,9 +258,8 @@ def _label(loop):
 
 
 def _probe(loop, n_tasks):
-    """Ask the loop's thread for its top tasks; a Future of (latency, tasks,
-    why there are none)."""
-    from . import diagnostics
+    """Ask the loop's thread for its top tasks and suspected task leaks; a
+    Future of (latency, tasks, why there are none, leaks or None)."""
     fut = concurrent.futures.Future()
     asked = time.monotonic()
 
@@ -264,14 +267,13 @@ def _probe(loop, n_tasks):
         if not fut.set_running_or_notify_cancel():
             return                      # the server gave up on this one
         latency = time.monotonic() - asked
-        top = getattr(diagnostics, "top_tasks", None)
         try:
-            if top is None:
-                fut.set_result((latency, None, "not available"))
-            else:
-                fut.set_result((latency, top(n_tasks, loop), None))
+            tasks = _diag_tasks.top_tasks(n_tasks, loop)
+            leaks = _diag_tasks.task_leaks(_LEAK_PENDING_FOR, loop)
         except Exception as exc:    # noqa: BLE001 - never raised into the loop (tracking off)
-            fut.set_result((latency, None, str(exc)))
+            fut.set_result((latency, None, str(exc), None))
+        else:
+            fut.set_result((latency, tasks, None, leaks))
 
     try:
         loop.call_soon_threadsafe(on_loop)
@@ -282,25 +284,26 @@ def _probe(loop, n_tasks):
 
 
 def _answer(fut, loop, deadline):
-    """What a probe found: (latency, tasks, why there are no tasks, the loop
-    thread's stack when it did not answer in time)."""
+    """What a probe found: (latency, tasks, why there are no tasks, leaks,
+    the loop thread's stack when it did not answer in time)."""
     try:
         try:
-            latency, tasks, note = fut.result(max(0.0, deadline - time.monotonic()))
+            latency, tasks, note, leaks = fut.result(max(0.0, deadline - time.monotonic()))
         except concurrent.futures.TimeoutError:
             if fut.cancel():
-                return None, None, "loop busy (stalled?)", _where_now(loop)
-            latency, tasks, note = fut.result(PROBE_TIMEOUT)    # it is answering right now
+                return None, None, "loop busy (stalled?)", None, _where_now(loop)
+            latency, tasks, note, leaks = fut.result(PROBE_TIMEOUT)    # answering right now
     except Exception as exc:        # noqa: BLE001 - shown, not raised
-        return None, None, "%s: %s" % (type(exc).__name__, exc), None
-    return latency, tasks, note, None
+        return None, None, "%s: %s" % (type(exc).__name__, exc), None, None
+    return latency, tasks, note, leaks, None
 
 
 def _where_now(loop):
     frame = sys._current_frames().get(loop._thread_id or -1)
     if frame is None:
         return None
-    return [list(f) for f in traceback.extract_stack(frame)[-8:]]
+    stack = _st.without_runner([tuple(f) for f in traceback.extract_stack(frame)])
+    return [list(f) for f in stack[-8:]]
 
 
 def _recent_reports(get, loop, n):
@@ -315,10 +318,9 @@ def _recent_reports(get, loop, n):
 def view(n_tasks=10, recent=RECENT):
     """The document a client gets: every open loop's health, recent stalls and
     slow callbacks, and top tasks."""
-    from . import diagnostics
     from ._version import __version__
     loops = []
-    for lp in diagnostics.loops():
+    for lp in _st.loops():
         try:
             # Health first: the probes would show in the ready queues.
             now, snap = time.monotonic(), lp._diagnostics()
@@ -334,18 +336,18 @@ def view(n_tasks=10, recent=RECENT):
         entry = {
             "label": label, "running": lp.is_running(), "debug": lp.get_debug(),
             "now": now, "health": snap, "histograms": hists,
-            "summaries": {name: diagnostics.summary(h) for name, h in hists.items()},
-            "watching_stalls": lp in diagnostics._watched,
-            "stalls_total": diagnostics._stall_totals.get(lp, 0),
-            "stalls": _recent_reports(diagnostics.stalls, lp, recent),
-            "slow_callbacks": _recent_reports(diagnostics.slow_callbacks, lp, recent),
-            "tasks": None, "tasks_note": None, "probe_latency": None,
+            "summaries": {name: _st.summary(h) for name, h in hists.items()},
+            "watching_stalls": lp in _st.watched,
+            "stalls_total": _st.stall_totals.get(lp, 0),
+            "stalls": _recent_reports(_st.stalls, lp, recent),
+            "slow_callbacks": _recent_reports(_st.slow_callbacks, lp, recent),
+            "tasks": None, "tasks_note": None, "probe_latency": None, "leaks": None,
         }
         fut = probes.get(id(lp))
         if fut is None:
             entry["tasks_note"] = "loop not running"
         else:
-            (entry["probe_latency"], entry["tasks"], entry["tasks_note"],
+            (entry["probe_latency"], entry["tasks"], entry["tasks_note"], entry["leaks"],
              busy) = _answer(fut, lp, deadline)
             if busy is not None:
                 entry["busy_stack"] = busy
@@ -620,17 +622,16 @@ def _secs(x):
 
 def _interval(before, after):
     """Histogram summaries over the interval (None: a reset in between)."""
-    from .diagnostics import _bucket_upper, summary
     if before is None or before["health"]["since"] != after["health"]["since"]:
         return None
     out = {}
     for name, h in after["histograms"].items():
         b = before["histograms"][name]
         counts = [x - y for x, y in zip(h["counts"], b["counts"])]
-        out[name] = summary({"counts": counts, "sum": h["sum"] - b["sum"], "max": h["max"]})
+        out[name] = _st.summary({"counts": counts, "sum": h["sum"] - b["sum"], "max": h["max"]})
         # "max" is since the start; the interval's is its highest bucket's bound.
         top = max((i for i, c in enumerate(counts) if c), default=None)
-        out[name]["max"] = 0.0 if top is None else _bucket_upper(top, h)
+        out[name]["max"] = 0.0 if top is None else _st.bucket_upper(top, h)
     return out
 
 
@@ -648,16 +649,6 @@ def _short(path):
     if home != "/" and path.startswith(home + os.sep):
         return "~" + path[len(home):]
     return path
-
-
-def _innermost(stack):
-    """The innermost frame outside asyncio and tideloop, else the innermost."""
-    if not stack:
-        return None
-    for f in reversed(stack):
-        if "/asyncio/" not in f[0] and "/tideloop/" not in f[0]:
-            return f
-    return stack[-1]
 
 
 def render(prev, doc, width=None):
@@ -726,25 +717,28 @@ def _render_loop(b, e):
                    else "  stalls   none")
         seen = {}                       # where -> [longest, how many], newest first
         for s in reversed(stalls):
-            f = _innermost(s.get("stack"))
-            where = seen.setdefault(_frame_text(f) if f else s["callback"], [0.0, 0])
+            f = s.get("blocked_at") or _st.blocking_frame(s.get("stack"))
+            end = s.get("ended")        # no stack: where the task's step ended
+            text = (_frame_text(f) if f else
+                    "%s:%s %s (its step's end)" % (_short(end[1]), end[2], end[0]) if end
+                    else s["callback"])
+            if s.get("task"):
+                text += "  [task %r (%s)]" % (s["task"], s["coroutine"])
+            where = seen.setdefault(text, [0.0, 0])
             where[0] = max(where[0], s["duration"])
             where[1] += 1
         for where, (longest, n) in seen.items():
             out.append("    %9s %4s  %s" % (_secs(longest), "x%d" % n if n > 1 else "", where))
-    slow = e["slow_callbacks"]
+    # A slow callback that was a stall too is in the stalls above: one
+    # incident, one line.
+    slow = [s for s in e["slow_callbacks"] if not s.get("stall")]
     if slow:
         out.append("  slowest recent callbacks:")
         for s in sorted(slow, key=lambda s: -s["duration"]):
-            if s.get("task") is not None:
-                what = "task %r (%s) ended at %s" % (
-                    s["task"], s["coroutine"],
-                    "%s:%s" % (_short(s["ended"][1]), s["ended"][2]) if s.get("ended") else "-")
-            else:
-                what = s["callback"]
-            out.append("    %9s %4s  %s" % (_secs(s["duration"]), "", what))
+            out.append("    %9s %4s  %s" % (_secs(s["duration"]), "", _slow_text(s)))
     else:
         out.append("  slowest recent callbacks: none")
+    out.extend(_leak_lines(e.get("leaks")))
     if e["tasks"] is None:
         out.append("  tasks: (%s)" % e["tasks_note"])
     else:
@@ -758,6 +752,38 @@ def _render_loop(b, e):
                           t.get("coroutine", "-")))
         if not e["tasks"]:
             out.append("    (none)")
+    return out
+
+
+def _slow_text(s):
+    if s.get("task") is None:
+        return s["callback"]
+    end = s.get("ended") or s.get("started")
+    at = "%s:%s %s" % (_short(end[1]), end[2], end[0]) if end else "an unknown line"
+    how = "ended at" if s.get("state", "pending") == "pending" else "returned at"
+    return "task %r (%s) %s %s" % (s["task"], s["coroutine"], how, at)
+
+
+def _leak_lines(leaks):
+    """The suspected task leaks (tasks that finished with nobody awaiting
+    them) and the long-pending tasks nothing awaits."""
+    if not leaks:
+        return []
+    out = []
+    for kind, title in (("unwaited", "LEAKS    finished with nobody awaiting them (results "
+                                     "and exceptions lost):"),
+                        ("pending", "  long-pending tasks no task awaits (over %.0f s):"
+                         % _LEAK_PENDING_FOR)):
+        groups = leaks.get(kind) or []
+        if not groups:
+            continue
+        out.append(("  " if kind == "unwaited" else "") + title)
+        for g in groups[:5]:
+            origin = g.get("origin")
+            out.append("    %6d x %s, created at %s" % (
+                g["count"], g["coroutine"],
+                "%s:%s" % (_short(origin[0]), origin[1]) if origin else
+                "? (TIDELOOP_DIAGNOSTICS=tasks=origins records it)"))
     return out
 
 

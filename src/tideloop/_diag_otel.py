@@ -3,8 +3,9 @@ observable instruments, stalls and slow callbacks as spans.
 
 Only ``opentelemetry-api`` is used (``pip install tideloop[otel]``); the
 application brings the SDK and its exporters.  Imported by
-tideloop.diagnostics, which it reads back at call time (no import cycle at
-load: the ``opentelemetry`` imports happen in the constructor)."""
+tideloop.diagnostics; it reads the shared diagnostics state
+(``_diag_state``) and imports no module that imports it (the
+``opentelemetry`` imports happen in the constructor)."""
 from __future__ import annotations
 
 import itertools
@@ -13,7 +14,7 @@ import time
 import traceback
 import weakref
 
-from . import diagnostics as _diag
+from . import _diag_state as _diag
 
 # counter -> (unit, description)
 _COUNTERS = {
@@ -121,7 +122,7 @@ class OpenTelemetryMetrics:
         else:
             self._loops = dict(loops)
             for loop in self._loops.values():
-                _diag._loop(loop)
+                _diag.check_loop(loop)
             self._labels = {loop: label for label, loop in self._loops.items()}
         if meter_provider is None:
             meter_provider = metrics.get_meter_provider()
@@ -215,7 +216,7 @@ class OpenTelemetryMetrics:
             except ValueError:          # reset since: the window starts there
                 window = d
             self._prev[loop] = d
-            snaps.append((label, d, _diag._stall_totals.get(loop, 0),
+            snaps.append((label, d, _diag.stall_totals.get(loop, 0),
                           {name: _diag.summary(window["histograms"][name])
                            for name in _HISTOGRAMS}))
         self._snaps, self._served = snaps, set()
@@ -243,9 +244,14 @@ class OpenTelemetryMetrics:
         event = None
         if kind == "stall":
             what = "event loop blocked for %.3f s in %s" % (duration, report["callback"])
+            if report.get("task") is not None:      # one span for the stall and slow step
+                what = "event loop blocked for %.3f s in task %r (%s)" % (
+                    duration, report["task"], report["coroutine"])
+                attrs.update({"tideloop.task": report["task"],
+                              "tideloop.coroutine": report["coroutine"]})
             stack = report.get("stack")
             if stack:
-                filename, lineno, function, line = stack[-1]
+                filename, lineno, function, line = report.get("blocked_at") or stack[-1]
                 attrs.update({
                     "tideloop.blocked_at": "%s:%d in %s: %s" % (filename, lineno, function,
                                                                  line or ""),
@@ -264,10 +270,10 @@ class OpenTelemetryMetrics:
                 attrs.update({
                     "tideloop.task": report["task"],
                     "tideloop.coroutine": report["coroutine"],
-                    "tideloop.step.started": _diag._where(report["started"]),
-                    "tideloop.step.ended": _diag._where(report["ended"]),
+                    "tideloop.step.started": _diag.where(report["started"]),
+                    "tideloop.step.ended": _diag.where(report["ended"]),
                     "tideloop.await_chain": " -> ".join(
-                        c if isinstance(c, str) else _diag._where(c)
+                        c if isinstance(c, str) else _diag.where(c)
                         for c in report["await_chain"])})
         span = self._tracer.start_span("tideloop." + kind, context=self._Context(),
                                        start_time=start, attributes=attrs)

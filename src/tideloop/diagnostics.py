@@ -25,7 +25,16 @@ relaxed atomic store, readers load it the same way.
 ``TIDELOOP_DIAGNOSTICS`` turns the optional parts on for every new loop,
 with no change to the program: comma-separated ``timing``,
 ``slow=SECONDS`` (:func:`report_slow_callbacks`), ``stalls=SECONDS``
-(:func:`watch_stalls`), ``serve`` (:func:`serve`).
+(:func:`watch_stalls`), ``tasks`` or ``tasks=origins`` (:func:`track_tasks`),
+``leaks`` or ``leaks=SECONDS`` (task tracking with origins, and
+:func:`report_task_leaks` when the loop closes or the process exits, with
+``pending_for`` SECONDS, 60 by default), ``serve`` (:func:`serve`).  A bad
+item is logged once, naming the variable and the accepted forms, and left
+out: the program runs on.
+
+Each record logged is rate-limited (10 per loop, kind and minute); the
+first one logged after some were held back says how many ("N similar
+reports suppressed"), and a last record at exit counts those never told of.
 
 The live view: :func:`serve` lets ``python -m tideloop top PID`` show the
 process's loops (``tideloop._diag_live`` has the server and the client).
@@ -35,69 +44,58 @@ When the loop has been inside one callback for longer than the threshold,
 it captures the loop thread's Python stack at that moment -- the line that
 blocks: a ``time.sleep``, a CPU-bound loop, a blocking socket call -- and
 when the callback returns the stall is reported once: logged on
-:data:`logger` and kept in :func:`stalls` (the last 32).  A loop that is not
-watched pays nothing for this.
+:data:`logger` and kept in :func:`stalls` (the last 32), naming the blocking
+file:line and function and, for a Task's step, the task and where it was
+created (when task tracking with origins knows it).  Stacks leave out the
+frames of ``python -m tideloop run`` and runpy, as tracebacks do.  A loop
+that is not watched pays nothing for this.
 
 Slow callbacks: :func:`report_slow_callbacks` times every callback (debug
 mode not needed) and reports each one that took longer than the
 threshold -- when it was a Task's step, with the Task, its coroutine, its
-await chain and the lines the step started and ended at
-(:func:`slow_callbacks`, and :data:`logger`).
+await chain and the lines the step started and ended at (or, once the
+task is done, the line it returned from) (:func:`slow_callbacks`, and
+:data:`logger`).  One incident gives one report: a callback that the
+stall watchdog caught too is logged as the stall, with the task's details.
+
+Task leaks: :func:`task_leaks` (with :func:`track_tasks`) tells the
+fire-and-forget tasks that finished with nobody awaiting them from the
+long-pending ones nothing waits for; the asking task and the tasks a live
+task awaits (a server's main task, its gathered workers) are neither.
 """
 from __future__ import annotations
 
 import asyncio
 import atexit
-import collections
+import difflib
 import faulthandler
 import linecache
-import logging
-import os
 import re
 import signal
 import sys
 import tempfile
 import threading
-import time
 import traceback
-import weakref
 from asyncio import base_events as _base_events
 
 from . import _core
+from . import _diag_state as _st
+from . import _diag_tasks
+from ._diag_state import (HISTOGRAM_BOUNDS, STALLS_KEPT, diff, logger, loops, slow_callbacks,
+                          stalls, subscribe, summary, unsubscribe)
+from ._diag_tasks import (report_task_leaks, task_leaks, task_stats, top_tasks,
+                          track_tasks)
+from ._diag_otel import OpenTelemetryMetrics
 
 __all__ = ["HISTOGRAM_BOUNDS", "snapshot", "reset", "diff", "summary",
            "set_callback_timing", "watch_stalls", "stop_watching_stalls", "stalls",
            "report_slow_callbacks", "slow_callbacks", "logger", "PrometheusCollector",
            "loops", "subscribe", "unsubscribe", "track_tasks", "task_stats", "top_tasks",
-           "task_leaks", "report_task_leaks", "serve", "stop_serving"]
+           "task_leaks", "report_task_leaks", "serve", "stop_serving",
+           "OpenTelemetryMetrics"]
 
-#: Where stall reports are logged (WARNING, with ``extra={"tideloop_stall":
-#: report}``).
-logger = logging.getLogger("tideloop.diagnostics")
-
-#: The lower bound of each histogram bucket, in seconds: [0, 1.024 us), then
-#: two buckets per power of two of nanoseconds, the last one open-ended.
-HISTOGRAM_BOUNDS = _core.HISTOGRAM_BOUNDS
-
-_ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
-
-_COUNTERS = ("iterations", "polls", "callbacks", "io_events", "timers_fired",
-             "slow_callbacks", "time_polling", "time_running")
-
-
-def _loop(loop):
-    if loop is None:
-        loop = asyncio.get_running_loop()
-    if not isinstance(loop, _core.Loop):
-        raise TypeError("tideloop.diagnostics needs a tideloop loop, not %s"
-                        % type(loop).__name__)
-    return loop
-
-
-def loops():
-    """Every tideloop loop of the process that is not closed."""
-    from . import _live_loops
-    return [lp for lp in _live_loops() if not lp.is_closed()]
+_ASYNCIO_DIR = _st.ASYNCIO_DIR
+_loop = _st.check_loop
 
 
 def serve(path=None):
@@ -116,37 +114,6 @@ def stop_serving():
     _diag_live.stop_serving()
 
 
-# -- reports to subscribers ---------------------------------------------------
-
-_subscribers = []
-
-
-def subscribe(callback):
-    """Call ``callback(kind, loop, report)`` for every report: ``kind`` is
-    ``"stall"``, ``"slow_callback"`` or ``"task_leak"``, ``report`` the dict
-    that :func:`stalls`, :func:`slow_callbacks` or :func:`task_leaks` would
-    return.  It runs on the loop's thread, right after the report is made
-    (before rate-limited logging); an exception in it is logged, not raised."""
-    if callback not in _subscribers:
-        _subscribers.append(callback)
-
-
-def unsubscribe(callback):
-    """Stop calling ``callback`` (no error when it was not subscribed)."""
-    try:
-        _subscribers.remove(callback)
-    except ValueError:
-        pass
-
-
-def _publish(kind, loop, report):
-    for callback in list(_subscribers):
-        try:
-            callback(kind, loop, report)
-        except Exception:       # noqa: BLE001 - a subscriber must not break the loop
-            logger.exception("tideloop.diagnostics subscriber %r failed", callback)
-
-
 def snapshot(loop=None):
     """The loop's health now, as plain data (the running loop's if None)."""
     return _loop(loop)._diagnostics()
@@ -163,60 +130,7 @@ def set_callback_timing(on=True, loop=None):
     return _loop(loop)._set_callback_timing(bool(on))
 
 
-def diff(before, after):
-    """What happened between two snapshots of one loop: counters, times and
-    histogram counts and sums subtracted; gauges, ``max`` values (since the
-    last reset) and settings as in ``after``.  A reset in between is an
-    error (the counts would go negative)."""
-    if after["since"] != before["since"]:
-        raise ValueError("the loop's diagnostics were reset between the snapshots")
-    out = dict(after)
-    for k in _COUNTERS:
-        out[k] = after[k] - before[k]
-    out["histograms"] = {
-        name: {"counts": [a - b for a, b in zip(h["counts"], before["histograms"][name]["counts"])],
-               "sum": h["sum"] - before["histograms"][name]["sum"],
-               "max": h["max"]}
-        for name, h in after["histograms"].items()}
-    return out
-
-
-def _bucket_upper(i, hist):
-    if i + 1 < len(HISTOGRAM_BOUNDS):
-        return min(HISTOGRAM_BOUNDS[i + 1], hist["max"]) if hist["max"] else HISTOGRAM_BOUNDS[i + 1]
-    return hist["max"]
-
-
-def summary(hist):
-    """{"count", "mean", "p50", "p90", "p99", "max"} of one histogram (a
-    snapshot's or a diff's), in seconds.  A percentile is the upper bound
-    of the bucket it falls in (capped by ``max``): within a third of the
-    true value."""
-    counts = hist["counts"]
-    n = sum(counts)
-    out = {"count": n, "mean": hist["sum"] / n if n else 0.0, "max": hist["max"]}
-    for name, q in (("p50", 0.50), ("p90", 0.90), ("p99", 0.99)):
-        if n == 0:
-            out[name] = 0.0
-            continue
-        rank, seen = q * n, 0
-        for i, c in enumerate(counts):
-            seen += c
-            if c and seen >= rank:
-                out[name] = _bucket_upper(i, hist)
-                break
-    return out
-
-
 # -- stalls ------------------------------------------------------------------
-
-STALLS_KEPT = 32
-LOG_BURST = 10          # stall log records per loop and minute, at most
-
-_recent = weakref.WeakKeyDictionary()      # loop -> deque of reports
-_log_times = weakref.WeakKeyDictionary()   # loop -> deque of log times
-_watched = weakref.WeakSet()
-
 
 def watch_stalls(threshold=0.1, loop=None):
     """Report callbacks that keep the loop busy for longer than
@@ -229,29 +143,15 @@ def watch_stalls(threshold=0.1, loop=None):
     loop = _loop(loop)
     prev = loop._set_stall_threshold(threshold, _dump_signal() if threshold is not None else 0)
     if threshold is None:
-        _watched.discard(loop)
+        _st.watched.discard(loop)
     else:
-        _watched.add(loop)
+        _st.watched.add(loop)
     return prev
 
 
 def stop_watching_stalls(loop=None):
     """Stop the stall watchdog of the loop; returns its threshold."""
     return watch_stalls(None, loop)
-
-
-def stalls(loop=None):
-    """The loop's last stalls, oldest first: dicts with ``duration`` (s,
-    from when the watchdog first saw the loop stuck to the callback's
-    return: at least the threshold minus a quarter of it), ``started``
-    (loop.time() of that), ``callback`` (what ran), ``stack`` (the loop
-    thread's frames when caught, outermost first: (filename, line number,
-    function, source line) tuples; None if it could not be taken),
-    ``captured_by`` (``"gil"``: taken with the GIL, which the loop thread
-    gave up; ``"signal"``: C code held the GIL, so faulthandler wrote the
-    stack from inside the stalled thread on the watchdog's signal) and
-    ``capture_delay`` (s from ``started`` to the capture)."""
-    return list(_recent.get(_loop(loop), ()))
 
 
 _dump = None            # (signal number, file) once registered with faulthandler
@@ -299,7 +199,7 @@ def _read_dump():
         if m:
             filename, lineno, name = m.group(1), int(m.group(2)), m.group(3)
             frames.append((filename, lineno, name, linecache.getline(filename, lineno).strip()))
-    return frames[::-1] or None
+    return _st.without_runner(frames[::-1]) or None
 
 
 def _capture(thread_id):
@@ -307,7 +207,8 @@ def _capture(thread_id):
     frame = sys._current_frames().get(thread_id)
     if frame is None:
         return None
-    return [(f.filename, f.lineno, f.name, f.line) for f in traceback.extract_stack(frame)]
+    return _st.without_runner([(f.filename, f.lineno, f.name, f.line)
+                               for f in traceback.extract_stack(frame)])
 
 
 def _describe(what, io_name):
@@ -319,9 +220,29 @@ def _describe(what, io_name):
         return repr(what)
 
 
-def _report(loop, what, io_name, duration, started, delay, stack, signalled=0):
+def _task_of_step(what):
+    """The Task whose step (or wakeup) the Handle runs, or None."""
+    task = getattr(getattr(what, "_callback", None), "__self__", None)
+    return task if isinstance(task, asyncio.Future) and hasattr(task, "get_coro") else None
+
+
+def _task_text(report):
+    """"task 'Task-9' (fetch_price, created at buggy.py:30)" of a report
+    with task details."""
+    origin = report.get("origin")
+    return "task %r (%s%s)" % (report["task"], report["coroutine"],
+                               ", created at %s:%d" % origin if origin else "")
+
+
+_stall_log = _st.RateLimit("stall")
+_slow_log = _st.RateLimit("slow-callback")
+
+
+def _report(loop, what, io_name, duration, started, delay, stack, signalled=0, slow=None):
     """A stall is over (called by the loop thread after the callback).
-    signalled: the GIL did not come, faulthandler's dump holds the stack."""
+    signalled: the GIL did not come, faulthandler's dump holds the stack.
+    slow: (duration, task, where) when the callback was slow as well: then
+    this one report says all (the slow callback is kept, not logged)."""
     captured_by = "gil"
     if signalled:
         stack, captured_by = _read_dump(), "signal"
@@ -329,27 +250,41 @@ def _report(loop, what, io_name, duration, started, delay, stack, signalled=0):
         captured_by = None
     report = {"duration": duration, "started": started, "callback": _describe(what, io_name),
               "stack": stack, "capture_delay": delay if stack is not None else None,
-              "captured_by": captured_by if stack is not None else None}
-    _stall_totals[loop] = _stall_totals.get(loop, 0) + 1
-    _recent.setdefault(loop, collections.deque(maxlen=STALLS_KEPT)).append(report)
-    _publish("stall", loop, report)
-    if _rate_limited(_log_times, loop):
+              "captured_by": captured_by if stack is not None else None,
+              "blocked_at": _st.blocking_frame(stack)}
+    task = slow[1] if slow is not None else _task_of_step(what)
+    if slow is not None or task is not None:
+        step = _slow_report(loop, what, io_name, slow[0] if slow else duration, task,
+                            slow[2] if slow else None, stall=True)
+        if slow is not None:
+            _st.keep(_st.recent_slow, loop, step)
+        for k in ("task", "coroutine", "origin", "ended"):
+            if k in step:
+                report[k] = step[k]
+    _st.stall_totals[loop] = _st.stall_totals.get(loop, 0) + 1
+    _st.keep(_st.recent_stalls, loop, report)
+    _st.publish("stall", loop, report)
+    suffix = _stall_log.admit(loop)
+    if suffix is None:
         return
+    what = _task_text(report) if report.get("task") else report["callback"]
     if stack:
-        logger.warning("Event loop blocked for %.3f s in %s; stack when caught "
-                       "(%.3f s in%s):\n%s", duration, report["callback"], delay,
+        f = report["blocked_at"]
+        logger.warning("Event loop blocked for %.3f s in %s at %s:%d in %s%s%s; stack when "
+                       "caught (%.3f s in%s):\n%s", duration, what, f[0], f[1], f[2],
+                       (": " + f[3]) if f[3] else "", suffix, delay,
                        ", by signal: C code held the GIL" if signalled else "",
                        "".join(traceback.format_list(stack)).rstrip(),
                        extra={"tideloop_stall": report})
     else:
-        logger.warning("Event loop blocked for %.3f s in %s (its stack could not be taken)",
-                       duration, report["callback"], extra={"tideloop_stall": report})
+        logger.warning("Event loop blocked for %.3f s in %s; its stack could not be "
+                       "taken%s%s", duration, what,
+                       "; the step ended at %s" % _st.where(report["ended"])
+                       if report.get("ended") else "", suffix,
+                       extra={"tideloop_stall": report})
 
 
 # -- export -----------------------------------------------------------------
-
-_stall_totals = weakref.WeakKeyDictionary()     # loop -> stalls reported
-
 
 class PrometheusCollector:
     """A ``prometheus_client`` collector of loops' health (``pip install
@@ -394,7 +329,7 @@ class PrometheusCollector:
             yield m
         m = counter("tideloop_loop_stalls", "stalls reported by the watchdog", labels=["loop"])
         for label, loop, _ in snaps:
-            m.add_metric([label], _stall_totals.get(loop, 0))
+            m.add_metric([label], _st.stall_totals.get(loop, 0))
         yield m
         for key, text in (("ready", "callbacks queued"), ("timers", "timers scheduled"),
                           ("fds", "file descriptors watched")):
@@ -418,32 +353,17 @@ class PrometheusCollector:
 
 # OpenTelemetry (tideloop[otel]): its own module; opentelemetry is imported
 # only when one is made.
-from ._diag_otel import OpenTelemetryMetrics  # noqa: E402
-__all__.append("OpenTelemetryMetrics")
 
 
 # -- slow callbacks ---------------------------------------------------------
 
-_recent_slow = weakref.WeakKeyDictionary()      # loop -> deque of reports
-_slow_log_times = weakref.WeakKeyDictionary()
-
-
 def report_slow_callbacks(threshold=0.1, loop=None):
     """Report every callback that takes at least ``threshold`` seconds
     (None: stop).  Turns callback timing on while set.  Returns the
-    previous threshold (None if off)."""
+    previous threshold (None if off).  A callback that the stall watchdog
+    caught as well is reported once, as a stall (with the task's details);
+    it is still kept in :func:`slow_callbacks`."""
     return _loop(loop)._set_slow_callback_threshold(threshold)
-
-
-def slow_callbacks(loop=None):
-    """The loop's last slow callbacks, oldest first: dicts with
-    ``duration``, ``callback`` and, for a Task's step, ``task`` (its name),
-    ``coroutine`` (qualified name), ``started`` and ``ended`` (where it was
-    suspended before and after the step: the innermost coroutine outside
-    asyncio's own modules, as (qualified name, filename, line); None when
-    it had not started or is done) and ``await_chain`` (the coroutines it is suspended in,
-    outermost first, as such tuples, then what the innermost one awaits)."""
-    return list(_recent_slow.get(_loop(loop), ()))
 
 
 def _await_chain(task):
@@ -468,215 +388,133 @@ def _await_chain(task):
     return chain
 
 
-def _slow(loop, what, io_name, duration, task, started):
-    """A callback took at least the threshold (called by the loop thread)."""
+def _task_origin(loop, task):
+    """(filename, line) where the task was created, if task tracking with
+    origins (or asyncio's debug mode) noted it."""
+    try:
+        stats = loop._task_stats()
+    except RuntimeError:
+        stats = None
+    for row in (stats[0] if stats else ()):
+        if row[0] is task:
+            return _diag_tasks._origin(task, row[8])
+    return _diag_tasks._origin(task, None)
+
+
+def _slow_report(loop, what, io_name, duration, task, started, stall=False):
+    """The report of a slow callback: for a Task's step, the task, where it
+    was created, and where the step started and ended -- or, once the
+    task is done, the line its coroutine returned from."""
     report = {"duration": duration, "callback": _describe(what, io_name)}
-    if task is not None:
-        coro = task.get_coro()
-        chain = _await_chain(task) if not task.done() else []
-        frames = [c for c in chain if not isinstance(c, str)]
-        frames = [c for c in frames if not c[1].startswith(_ASYNCIO_DIR)] or frames
-        report.update(task=task.get_name(),
-                      coroutine=getattr(coro, "__qualname__", repr(coro)),
-                      started=started, ended=frames[-1] if frames else None,
-                      await_chain=chain)
-    _recent_slow.setdefault(loop, collections.deque(maxlen=STALLS_KEPT)).append(report)
-    _publish("slow_callback", loop, report)
-    if _rate_limited(_slow_log_times, loop):
-        return
-    if task is not None:
-        chain = " -> ".join(c if isinstance(c, str) else _where(c)
-                            for c in report["await_chain"]) or "(done)"
-        logger.warning("Slow callback: %.3f s in a step of task %r (%s) from %s to %s; "
-                       "await chain: %s", duration, report["task"], report["coroutine"],
-                       _where(report["started"]), _where(report["ended"]), chain,
-                       extra={"tideloop_slow_callback": report})
-    else:
-        logger.warning("Slow callback: %.3f s in %s", duration, report["callback"],
-                       extra={"tideloop_slow_callback": report})
-
-
-# -- tasks ------------------------------------------------------------------
-
-def track_tasks(on=True, origins=False, loop=None):
-    """Account each Task of the loop: CPU time (the sum of its steps'
-    durations; an eager task's first step, run inside ``create_task``,
-    counts as its own and not its creator's), steps, age, time since its
-    last step, and whether it finished with nobody waiting for it or
-    holding it (see :func:`task_leaks`).  Turns
-    callback timing on while set.  ``origins``: also record where each task
-    was created (the innermost frame outside asyncio that called
-    ``create_task``; a frame walk per task).  Off forgets what was
-    tracked.  Returns the previous setting.
-
-    Tasks created before tracking began are seen from their next step on
-    (their age counts from then)."""
-    return _loop(loop)._set_task_tracking(bool(on), bool(origins))
-
-
-def _state(task):
-    if not task.done():
-        return "pending"
-    return "cancelled" if task.cancelled() else "done"
-
-
-def _origin(task, origin):
-    if origin is not None:
-        return tuple(origin)
-    tb = getattr(task, "_source_traceback", None)    # asyncio's debug mode
-    for frame in reversed(tb or ()):
-        if not frame.filename.startswith(_ASYNCIO_DIR):
-            return (frame.filename, frame.lineno)
-    return None
-
-
-def _coro_name(task):
+    if stall:
+        report["stall"] = True
+    if task is None:
+        return report
     coro = task.get_coro()
-    return getattr(coro, "__qualname__", None) or type(coro).__name__
-
-
-def _stats(loop):
-    stats = loop._task_stats()
-    if stats is None:
-        raise RuntimeError("task tracking is off for this loop: "
-                           "tideloop.diagnostics.track_tasks() turns it on")
-    return stats
-
-
-def task_stats(loop=None):
-    """Every tracked Task that is still alive, as dicts: ``task`` (its
-    name), ``id`` (``id()`` of the Task), ``coroutine`` (qualified name),
-    ``state`` (pending, done, cancelled), ``cpu`` (s), ``steps``, ``age``
-    (s since created), ``idle`` (s since its last step ended), ``origin``
-    ((filename, line) where created, or None).  Call it on the loop's
-    thread (another thread: ``loop.call_soon_threadsafe``)."""
-    loop = _loop(loop)
-    live, _, _ = _stats(loop)
-    now = loop.time()
-    return [{"task": task.get_name(), "id": id(task), "coroutine": _coro_name(task),
-             "state": _state(task), "cpu": cpu, "steps": steps, "age": now - created,
-             "idle": now - last, "origin": _origin(task, origin)}
-            for task, cpu, steps, created, last, _, _, _, origin in live]
-
-
-def top_tasks(n=10, loop=None):
-    """The n tracked Tasks with the most CPU time, most first (see
-    :func:`task_stats`)."""
-    return sorted(task_stats(loop), key=lambda t: t["cpu"], reverse=True)[:n]
-
-
-def task_leaks(pending_for=60.0, loop=None):
-    """Tasks that look leaked, grouped by coroutine and origin:
-    ``pending`` -- tasks of the loop still pending after ``pending_for``
-    seconds; ``unwaited`` -- tasks that finished while nobody waited for
-    them (no done callback: not awaited, gathered, in a TaskGroup or
-    waited on) and nobody held them (so that nobody could await them
-    later): fire-and-forget tasks whose result or exception was lost,
-    counted whether collected since or not.  Coroutines of asyncio's own
-    modules are left out (asyncio starts some such tasks by design).  Each group: ``coroutine``, ``origin``,
-    ``count``, ``tasks`` (names of up to 5 live ones) and, for pending
-    ones, ``oldest`` (s).  ``untracked``: tasks not tracked (over 65,536
-    alive at once)."""
-    loop = _loop(loop)
-    live, gone, untracked = _stats(loop)
-    now = loop.time()
-    pending, unwaited = {}, {}
-    for task, _, _, created, _, finished, unwaited_flag, qualname, origin in live:
-        if unwaited_flag:
-            key = (qualname or _coro_name(task), _origin(task, origin))
-            g = unwaited.setdefault(key, {"count": 0, "tasks": []})
-            g["count"] += 1
-            if len(g["tasks"]) < 5:
-                g["tasks"].append(task.get_name())
-        elif not finished and not task.done() and now - created >= pending_for:
-            key = (_coro_name(task), _origin(task, origin))
-            g = pending.setdefault(key, {"count": 0, "tasks": [], "oldest": 0.0})
-            g["count"] += 1
-            g["oldest"] = max(g["oldest"], now - created)
-            if len(g["tasks"]) < 5:
-                g["tasks"].append(task.get_name())
-    for (qualname, origin), count in gone.items():
-        key = (qualname, tuple(origin) if origin else None)
-        unwaited.setdefault(key, {"count": 0, "tasks": []})["count"] += count
-
-    def groups(table):
-        out = [dict(coroutine=q, origin=o, **g) for (q, o), g in table.items()]
-        return sorted(out, key=lambda g: g["count"], reverse=True)
-    return {"pending": groups(pending), "unwaited": groups(unwaited), "untracked": untracked}
-
-
-_leak_log_times = weakref.WeakKeyDictionary()
-
-
-def report_task_leaks(pending_for=60.0, loop=None):
-    """:func:`task_leaks`, each group logged on :data:`logger` (WARNING,
-    ``extra={"tideloop_task_leak": group}``, rate-limited) and handed to
-    subscribers (kind ``"task_leak"``, the group with a ``kind`` key:
-    pending or unwaited).  Returns the report."""
-    loop = _loop(loop)
-    report = task_leaks(pending_for, loop)
-    for kind in ("pending", "unwaited"):
-        for group in report[kind]:
-            group = dict(group, kind=kind)
-            _publish("task_leak", loop, group)
-            if _rate_limited(_leak_log_times, loop):
-                continue
-            where = "%s:%d" % group["origin"] if group["origin"] else "unknown origin"
-            if kind == "pending":
-                logger.warning("%d task(s) of %s (created at %s) pending for up to %.1f s: %s",
-                               group["count"], group["coroutine"], where, group["oldest"],
-                               ", ".join(group["tasks"]), extra={"tideloop_task_leak": group})
-            else:
-                logger.warning("%d task(s) of %s (created at %s) finished with nobody "
-                               "waiting for them%s", group["count"], group["coroutine"], where,
-                               (": " + ", ".join(group["tasks"])) if group["tasks"] else "",
-                               extra={"tideloop_task_leak": group})
+    outer = started[3] if started is not None and len(started) > 3 else None
+    started = tuple(started[:3]) if started is not None else None
+    if task.done():
+        chain = []
+        ended = ((outer.f_code.co_qualname, outer.f_code.co_filename, outer.f_lineno)
+                 if outer is not None else started)
+    else:
+        chain = _await_chain(task)
+        frames = [c for c in chain if not isinstance(c, str)]
+        frames = [c for c in frames if not c[1].startswith((_ASYNCIO_DIR, _st.PACKAGE_DIR))
+                  ] or frames
+        ended = frames[-1] if frames else started
+    report.update(task=task.get_name(), coroutine=getattr(coro, "__qualname__", repr(coro)),
+                  origin=_task_origin(loop, task), started=started, ended=ended,
+                  await_chain=chain, state=_diag_tasks._state(task))
     return report
 
 
-def _where(w):
-    return "%s (%s:%d)" % w if w else "-"
+def _slow(loop, what, io_name, duration, task, started):
+    """A callback took at least the threshold (called by the loop thread)."""
+    report = _slow_report(loop, what, io_name, duration, task, started)
+    _st.keep(_st.recent_slow, loop, report)
+    _st.publish("slow_callback", loop, report)
+    suffix = _slow_log.admit(loop)
+    if suffix is None:
+        return
+    if task is None:
+        logger.warning("Slow callback: %.3f s in %s%s", duration, report["callback"], suffix,
+                       extra={"tideloop_slow_callback": report})
+        return
+    if report["state"] == "pending":
+        chain = " -> ".join(c if isinstance(c, str) else _st.where(c)
+                            for c in report["await_chain"])
+        end = "ended at %s, awaiting: %s" % (_st.where(report["ended"]), chain)
+    else:
+        end = "ended with the task %s, at %s" % (report["state"], _st.where(report["ended"]))
+    logger.warning("Slow callback: %.3f s in a step of %s that started at %s and %s%s",
+                   duration, _task_text(report), _st.where(report["started"]), end, suffix,
+                   extra={"tideloop_slow_callback": report})
 
 
-def _rate_limited(table, loop):
-    """True when the loop logged LOG_BURST records in the last minute."""
-    times = table.setdefault(loop, collections.deque(maxlen=LOG_BURST))
-    now = time.monotonic()
-    if len(times) == LOG_BURST and now - times[0] < 60:
-        return True
-    times.append(now)
-    return False
+# -- the environment ----------------------------------------------------------
+
+_FORMS = ("timing, slow=SECONDS, stalls=SECONDS, tasks, tasks=origins, leaks, "
+          "leaks=SECONDS, serve")
+_NAMES = ("timing", "slow", "stalls", "tasks", "leaks", "serve")
+_warned = set()
+
+
+def _bad_setting(item, why):
+    """Warn once per item and process; the program runs on without it."""
+    if item in _warned:
+        return
+    _warned.add(item)
+    logger.warning("TIDELOOP_DIAGNOSTICS: ignoring %r: %s (accepted, comma-separated: %s)",
+                   item, why, _FORMS)
+
+
+def _seconds(value):
+    seconds = float(value)
+    if not 0 < seconds <= 86400:
+        raise ValueError("not a number of seconds above 0 and at most a day")
+    return seconds
+
+
+def _apply(loop, name, value):
+    if name == "timing" and not value:
+        set_callback_timing(True, loop)
+    elif name == "tasks" and value in ("", "origins"):
+        track_tasks(True, origins=value == "origins", loop=loop)
+    elif name == "slow" and value:
+        report_slow_callbacks(_seconds(value), loop)
+    elif name == "stalls" and value:
+        watch_stalls(_seconds(value), loop)
+    elif name == "leaks":
+        _diag_tasks.report_leaks_at_close(loop, _seconds(value) if value else 60.0)
+    elif name == "serve" and not value:
+        try:
+            serve()
+        except OSError as exc:      # the program runs on without the view
+            logger.warning("TIDELOOP_DIAGNOSTICS=serve: cannot serve the live view: %s", exc)
+    elif name in _NAMES:
+        raise ValueError("%s takes %s" % (name, "no value" if value else "a value"))
+    else:
+        close = difflib.get_close_matches(name, _NAMES, 1)
+        raise ValueError("unknown setting%s" % (" (did you mean %r?)" % close[0] if close else ""))
 
 
 def _from_environment(loop, spec):
-    """TIDELOOP_DIAGNOSTICS for each new loop: comma-separated ``timing``,
-    ``slow=SECONDS``, ``stalls=SECONDS``, ``tasks`` (``tasks=origins``),
-    ``serve``."""
+    """TIDELOOP_DIAGNOSTICS for each new loop (see the module's doc); a bad
+    item is warned of once and left out."""
     for item in filter(None, (x.strip() for x in spec.split(","))):
         name, _, value = item.partition("=")
-        if name == "timing" and not value:
-            set_callback_timing(True, loop)
-        elif name == "tasks" and value in ("", "origins"):
-            track_tasks(True, origins=value == "origins", loop=loop)
-        elif name == "slow" and value:
-            report_slow_callbacks(float(value), loop)
-        elif name == "stalls" and value:
-            watch_stalls(float(value), loop)
-        elif name == "serve" and not value:
-            try:
-                serve()
-            except OSError as exc:      # the program runs on without the view
-                logger.warning("TIDELOOP_DIAGNOSTICS=serve: cannot serve the live view: %s",
-                               exc)
-        else:
-            raise ValueError("TIDELOOP_DIAGNOSTICS: unknown item %r (timing, slow=SECONDS, "
-                             "stalls=SECONDS, tasks, tasks=origins, serve)" % item)
+        try:
+            _apply(loop, name.strip(), value.strip())
+        except ValueError as exc:
+            _bad_setting(item, str(exc).replace("could not convert string to float",
+                                                "not a number"))
 
 
 @atexit.register
 def _stop_all():
     # No watchdog thread may outlive the interpreter's finalization.
-    for loop in list(_watched):
+    for loop in list(_st.watched):
         try:
             loop._set_stall_threshold(None)
         except Exception:   # noqa: BLE001 - exiting anyway

@@ -13,6 +13,7 @@ import time
 import pytest
 
 import tideloop
+from tideloop import _core
 from tideloop import diagnostics
 
 from .test_stats import spin, tl  # noqa: F401 - the tideloop-only fixture and helper
@@ -491,17 +492,21 @@ def test_subscribers_get_every_report(tl):
     diagnostics.subscribe(listener)         # once only
     try:
         diagnostics.report_slow_callbacks(0.03, tl)
-        diagnostics.watch_stalls(0.05, tl)
-        tl.call_soon(blocker)
+        diagnostics.watch_stalls(0.12, tl)
+        tl.call_soon(blocker)               # 0.2 s: a stall, and a slow callback
+        tl.call_soon(time.sleep, 0.05)      # a slow callback only
         spin(tl)
     finally:
         diagnostics.unsubscribe(broken)
         diagnostics.unsubscribe(listener)
         diagnostics.unsubscribe(listener)   # not subscribed: no error
         diagnostics.stop_watching_stalls(tl)
+    # One incident, one report: the stall's (the slow callback is kept).
     assert sorted(k for k, _, _ in got) == ["slow_callback", "stall"]
     assert all(loop is tl for _, loop, _ in got)
-    assert {k: r for k, _, r in got} == {"slow_callback": diagnostics.slow_callbacks(tl)[0],
+    slow = diagnostics.slow_callbacks(tl)
+    assert [s.get("stall", False) for s in slow] == [True, False]
+    assert {k: r for k, _, r in got} == {"slow_callback": slow[1],
                                          "stall": diagnostics.stalls(tl)[0]}
 
 
@@ -533,9 +538,31 @@ def test_the_environment_variable_turns_them_on(monkeypatch):
     finally:
         loop.close()
     assert threads() == before
-    monkeypatch.setenv("TIDELOOP_DIAGNOSTICS", "slow")
-    with pytest.raises(ValueError, match="TIDELOOP_DIAGNOSTICS: unknown item 'slow'"):
-        tideloop.new_event_loop()
+
+
+def test_a_bad_environment_setting_is_warned_of_once(monkeypatch, caplog):
+    # A typo must not stop the service: each bad item is logged once, naming
+    # the variable and the accepted forms, and the good ones apply.
+    monkeypatch.setenv("TIDELOOP_DIAGNOSTICS", "slow, stall=0.05,stalls=abc, timing,slow=-1")
+    with caplog.at_level("WARNING", logger="tideloop.diagnostics"):
+        for _ in range(3):
+            loop = tideloop.new_event_loop()
+            try:
+                assert loop.diagnostics()["callback_timing"] is True
+                assert loop._set_stall_threshold(None) is None
+                assert loop._set_slow_callback_threshold(None) is None
+            finally:
+                loop.close()
+    texts = sorted(r.getMessage() for r in caplog.records)
+    assert len(texts) == 4, texts
+    assert all(t.startswith("TIDELOOP_DIAGNOSTICS: ignoring ") and "stalls=SECONDS" in t
+               for t in texts)
+    by_item = {t.split("'")[1]: t for t in texts}
+    assert set(by_item) == {"slow", "stall=0.05", "stalls=abc", "slow=-1"}
+    assert "did you mean 'stalls'" in by_item["stall=0.05"]
+    assert "not a number: 'abc'" in by_item["stalls=abc"]
+    assert "slow takes a value" in by_item["slow"]
+    assert "above 0" in by_item["slow=-1"]
 
 
 def test_the_readme_walkthrough_finds_its_planted_fault():
@@ -618,3 +645,76 @@ def test_a_slow_report_is_not_charged_to_the_next_callback(tl):
         diagnostics.unsubscribe(slow_subscriber)
     assert [k for k, _ in got] == ["slow_callback"]
     assert "sleep" in got[0][1]
+
+
+def test_the_log_says_how_many_reports_it_held_back(tl, caplog, monkeypatch):
+    # At most 10 records per loop and minute; the first one logged after
+    # the minute says how many were held back, instead of hiding them.
+    now = [1000.0]
+    monkeypatch.setattr(diagnostics._slow_log, "clock", lambda: now[0])
+    diagnostics.report_slow_callbacks(0.005, tl)
+    with caplog.at_level("WARNING", logger="tideloop.diagnostics"):
+        for _ in range(13):
+            tl.call_soon(time.sleep, 0.01)
+        spin(tl)
+        assert len(caplog.records) == 10
+        assert "suppressed" not in caplog.text
+        now[0] += 61
+        tl.call_soon(time.sleep, 0.01)
+        spin(tl)
+    assert len(diagnostics.slow_callbacks(tl)) == 14        # all kept
+    assert len(caplog.records) == 11
+    assert caplog.records[-1].getMessage().endswith(" (3 similar reports suppressed)")
+
+
+def test_a_stall_without_its_stack_says_where_the_step_ended(tl, caplog):
+    async def stuck():
+        await asyncio.sleep(0)
+        time.sleep(0.2)
+        await asyncio.sleep(10)
+    line = stuck.__code__.co_firstlineno + 3
+    task_types = tuple({asyncio.Task, getattr(asyncio.tasks, "_PyTask", asyncio.Task)})
+    # A capture that fails (as one may: a thread gone, no frames).
+    _core._diag_setup(lambda tid: None, diagnostics._report, diagnostics._slow,
+                      diagnostics._ASYNCIO_DIR, task_types)
+    try:
+        diagnostics.watch_stalls(0.05, tl)
+        with caplog.at_level("WARNING", logger="tideloop.diagnostics"):
+            task = tl.create_task(stuck(), name="stuck")
+            spin(tl, 3)
+    finally:
+        diagnostics.stop_watching_stalls(tl)
+        _core._diag_setup(diagnostics._capture, diagnostics._report, diagnostics._slow,
+                          diagnostics._ASYNCIO_DIR, task_types)
+        task.cancel()
+        spin(tl, 2)
+    [report] = diagnostics.stalls(tl)
+    assert report["stack"] is None and report["task"] == "stuck"
+    qualname = stuck.__qualname__
+    assert report["ended"] == (qualname, __file__, line)
+    [record] = caplog.records
+    assert record.getMessage().endswith(
+        "in task 'stuck' (%s); its stack could not be taken; the step ended at %s "
+        "(%s:%d)" % (qualname, qualname, __file__, line))
+
+
+def test_a_stall_record_after_held_back_ones_says_so_in_its_first_line(tl, caplog,
+                                                                       monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(diagnostics._stall_log, "clock", lambda: now[0])
+    diagnostics.watch_stalls(0.03, tl)
+    try:
+        with caplog.at_level("WARNING", logger="tideloop.diagnostics"):
+            for _ in range(11):
+                tl.call_soon(time.sleep, 0.08)
+            spin(tl)
+            now[0] += 61
+            tl.call_soon(time.sleep, 0.08)
+            spin(tl)
+    finally:
+        diagnostics.stop_watching_stalls(tl)
+    assert len(diagnostics.stalls(tl)) == 12
+    assert len(caplog.records) == 11
+    head = caplog.records[-1].getMessage().split("\n")[0]
+    assert head.endswith(" (1 similar report suppressed); stack when caught (%s s in):"
+                         % head.split("caught (")[1].split(" s in")[0]), head

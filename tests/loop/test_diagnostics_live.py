@@ -202,9 +202,14 @@ def test_serve_from_the_environment_and_the_screen(tmp_path):
     for heading in ("\nloop-1 (thread MainThread)  [last 0.5 s]\n", "\n  health ",
                     " iterations/s ", " callbacks/s ", " busy ", "\n  latency  callback p50 ",
                     " | lag p50 ", "\n  stalls   1 in all; recent:\n",
-                    "blocker: time.sleep(0.15)", "\n  slowest recent callbacks:\n",
-                    "\n  tasks"):
+                    "blocker: time.sleep(0.15)",
+                    # the slow callback was the stall: one incident, one line
+                    "\n  slowest recent callbacks: none\n",
+                    # both ways to turn tracking on
+                    "\n  tasks: (task tracking is off for this loop: TIDELOOP_DIAGNOSTICS=tasks "
+                    "(or tideloop.diagnostics.track_tasks()) turns it on)\n"):
         assert heading in out, (heading, out)
+    assert out.count("blocker") == 1, out
     assert "\x1b[" not in out       # not a terminal: no escape sequences
     if not hasattr(diagnostics, "top_tasks"):
         assert "\n  tasks: (not available)\n" in out

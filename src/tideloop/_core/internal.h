@@ -224,7 +224,7 @@ enum {
     /* watchdog.c, set by tideloop.diagnostics (_diag_setup); NULL before: */  \
     X(diag_capture)    /* (thread_id) -> the thread's stack */            \
     X(diag_report)     /* (loop, what, io_name, duration, since, delay,   \
-                          stack): a stall is over */                      \
+                          stack, signalled, slow): a stall is over */     \
     X(diag_slow)       /* (loop, what, io_name, duration, task, where):   \
                           a callback took longer than the threshold */    \
     X(diag_asyncio_dir)     /* asyncio's directory, with a trailing / */  \
@@ -539,7 +539,7 @@ struct LoopObject {
     struct tl_task_table *tasks;
     int64_t eager_ns;
     int stall_flag;             /* set by the watchdog: a stall was seen */
-    PyObject *not_task_type;    /* watchdog.c: the last callback __self__
+    PyObject *not_task_type;    /* taskstats.c: the last callback __self__
                                    type seen not to be a Task (a cache) */
     pid_t os_tid;               /* the running thread's kernel id (watchdog.c) */
     int streams_pending;         /* streams.c: connections whose StreamWriter
@@ -723,8 +723,6 @@ extern const PyMethodDef tl_tls_module_methods[];
 typedef struct tl_watchdog tl_watchdog;
 void tl_watchdog_stop(LoopObject *loop);
 int tl_stall_report(LoopObject *loop, PyObject *what, const char *io_name);
-PyObject *tl_task_of_step(LoopObject *loop, PyObject *callback);
-PyObject *tl_task_where(tl_state *st, PyObject *task);
 int tl_slow_report(LoopObject *loop, PyObject *what, const char *io_name, int64_t took_ns,
                    PyObject *task, PyObject *where);
 extern const PyMethodDef tl_diag_loop_methods[];
@@ -736,6 +734,8 @@ void tl_tasks_step_done(LoopObject *loop, PyObject *task, int64_t took_ns, int64
 void tl_tasks_created(LoopObject *loop, PyObject *task, int64_t created_ns, int64_t eager_ns,
                       int64_t inner_ns);
 void tl_tasks_free(LoopObject *loop);
+PyObject *tl_task_of_step(LoopObject *loop, PyObject *callback);
+PyObject *tl_task_where(tl_state *st, PyObject *task);
 extern const PyMethodDef tl_tasks_loop_methods[];
 extern const PyMethodDef tl_diag_module_methods[];
 

@@ -14,8 +14,14 @@
  * and past TL_TASKS_MAX live tasks new ones are not tracked (counted).
  *
  * Only the loop's thread touches the table: the run loop, create_task and
- * _task_stats, which refuses other threads while the loop runs. */
+ * _task_stats, which refuses other threads while the loop runs.
+ *
+ * Also the attribution of a callback to the Task whose step it is
+ * (tl_task_of_step) and where a Task is suspended (tl_task_where), for
+ * the accounting and for slow-callback reports (watchdog.c). */
 #include "internal.h"
+
+#include <string.h>
 
 #define TL_TASK_FINISHED 1
 #define TL_TASK_UNWAITED 2      /* finished, no done callback, not held */
@@ -185,8 +191,123 @@ find(struct tl_task_table *t, PyObject *task, int64_t now_ns)
     return NULL;
 }
 
+/* ---- which Task a callback is a step of, and where it is suspended ----
+ * (the loop notes them before a Handle runs while tasks are tracked or
+ * slow callbacks reported) */
+
+/* An instance of asyncio's C or Python Task (st->diag_task_types)? */
+static int
+is_task(tl_state *st, PyObject *obj)
+{
+    PyObject *types = st->diag_task_types;
+    for (Py_ssize_t i = 0; types != NULL && i < PyTuple_GET_SIZE(types); i++)
+        if (PyObject_TypeCheck(obj, (PyTypeObject *)PyTuple_GET_ITEM(types, i)))
+            return 1;
+    return 0;
+}
+
+/* The Task whose step or wakeup `callback` is (a new reference), or NULL
+ * without an exception. */
+PyObject *
+tl_task_of_step(LoopObject *loop, PyObject *callback)
+{
+    tl_state *st = loop->state;
+    PyObject *self = NULL;
+    if (callback == NULL || PyFunction_Check(callback))
+        return NULL;
+    if (PyMethod_Check(callback))
+        self = Py_NewRef(PyMethod_GET_SELF(callback));
+    else if (PyCFunction_Check(callback))
+        self = Py_XNewRef(PyCFunction_GET_SELF(callback));
+    else if (strstr(Py_TYPE(callback)->tp_name, "MethWrapper") != NULL) {
+        /* _asyncio's TaskStepMethWrapper (and 3.11's TaskWakeupMethWrapper) */
+        self = PyObject_GetAttr(callback, st->str_self_attr);
+        if (self == NULL)
+            PyErr_Clear();
+    }
+    if (self == NULL)
+        return NULL;
+    /* The last type that was no Task: a batch of one kind of callback
+     * (say bound methods of one object) is told apart in a compare. */
+    if ((PyObject *)Py_TYPE(self) == loop->not_task_type || !is_task(st, self)) {
+        if ((PyObject *)Py_TYPE(self) != loop->not_task_type)
+            Py_XSETREF(loop->not_task_type, Py_NewRef((PyObject *)Py_TYPE(self)));
+        Py_CLEAR(self);
+    }
+    return self;
+}
+
+/* Is this frame asyncio's own code (asyncio.sleep, a Queue's get)? */
+static int
+in_asyncio(tl_state *st, PyObject *frame)
+{
+    PyCodeObject *code = PyFrame_GetCode((PyFrameObject *)frame);
+    int r = st->diag_asyncio_dir != NULL &&
+            PyUnicode_Tailmatch(code->co_filename, st->diag_asyncio_dir, 0,
+                                PY_SSIZE_T_MAX, -1) == 1;
+    Py_DECREF(code);
+    return r;
+}
+
+/* Where the task is suspended: (qualname, filename, line, frame) -- the
+ * first three of the innermost coroutine of its await chain that is not
+ * asyncio's own code, the frame of its outermost one (whose line, once
+ * the task is done, is where it returned) -- or None (a new reference;
+ * no error). */
+PyObject *
+tl_task_where(tl_state *st, PyObject *task)
+{
+    PyObject *frame = NULL, *outer = NULL;
+    PyObject *obj = PyObject_GetAttr(task, st->str_t_coro);
+    for (int depth = 0; obj != NULL && depth < 64; depth++) {
+        PyObject *f = PyObject_GetAttr(obj, st->str_cr_frame);
+        if (f == NULL || !PyFrame_Check(f)) {
+            Py_XDECREF(f);
+            break;
+        }
+        if (outer == NULL)
+            outer = Py_NewRef(f);
+        if (frame == NULL || !in_asyncio(st, f))
+            Py_XSETREF(frame, f);
+        else
+            Py_DECREF(f);
+        Py_SETREF(obj, PyObject_GetAttr(obj, st->str_cr_await));
+    }
+    Py_XDECREF(obj);
+    PyErr_Clear();
+    if (frame == NULL)
+        Py_RETURN_NONE;
+    PyCodeObject *code = PyFrame_GetCode((PyFrameObject *)frame);
+    PyObject *where = Py_BuildValue("(OOiO)", code->co_qualname, code->co_filename,
+                                    PyFrame_GetLineNumber((PyFrameObject *)frame), outer);
+    Py_DECREF(code);
+    Py_DECREF(frame);
+    Py_DECREF(outer);
+    if (where == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return where;
+}
+
+/* Is this code (of asyncio's) the loop running a callback: what the
+ * callback's caller frames are, and no creator of a task? */
+static int
+runs_the_loop(PyCodeObject *code)
+{
+    static const char *const names[] = {"run_forever", "run_until_complete", "_run_once",
+                                        "_run", "run"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (PyUnicode_CompareWithASCIIString(code->co_name, names[i]) == 0)
+            return 1;
+    return 0;
+}
+
 /* Where create_task was called: the innermost frame outside asyncio's own
- * modules (asyncio.create_task, a TaskGroup), as (filename, line). */
+ * modules (asyncio.create_task, a TaskGroup), as (filename, line).  None
+ * when asyncio itself made the task in a callback (a stream server's
+ * connection handler): the frames past the loop's run are not its
+ * creator's. */
 static PyObject *
 creation_site(tl_state *st)
 {
@@ -200,6 +321,10 @@ creation_site(tl_state *st)
                                        PY_SSIZE_T_MAX, -1) != 1;
         if (ours) {
             site = Py_BuildValue("(Oi)", code->co_filename, PyFrame_GetLineNumber(f));
+            Py_DECREF(code);
+            break;
+        }
+        if (runs_the_loop(code)) {
             Py_DECREF(code);
             break;
         }
@@ -312,11 +437,7 @@ tl_tasks_created(LoopObject *loop, PyObject *task, int64_t created_ns, int64_t e
 {
     tl_state *st = loop->state;
     struct tl_task_table *t = loop->tasks;
-    PyObject *types = st->diag_task_types;
-    int is_task = 0;
-    for (Py_ssize_t i = 0; types != NULL && i < PyTuple_GET_SIZE(types); i++)
-        is_task |= PyObject_TypeCheck(task, (PyTypeObject *)PyTuple_GET_ITEM(types, i));
-    if (!is_task)
+    if (!is_task(st, task))
         return;
     tl_task_entry *e = find(t, task, created_ns);
     if (e == NULL)

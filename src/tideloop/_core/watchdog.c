@@ -25,7 +25,9 @@
  *
  * The loop thread reports the stall, once, when the callback returns
  * (tideloop.diagnostics' report function: the callback, how long, the
- * stack or whether the signal's dump holds it).  The watchdog flags the
+ * stack or whether the signal's dump holds it, and the slow-callback
+ * details of the same callback when slow callbacks are reported too: one
+ * incident, one report).  The watchdog flags the
  * stall as soon as it sees it; the report first waits (without the GIL)
  * for the watchdog's capture attempt to end, and tells it the callback is
  * over, so that it does not capture frames of what runs next.
@@ -61,6 +63,10 @@ struct tl_watchdog {
     int nudged;                 /* it was sent for this stall */
     int over;                   /* the callback returned (atomic) */
     int attempt_done;           /* the capture attempt ended (under mu) */
+    /* The loop thread's own (the GIL held): the slow-callback report of
+     * the stalled callback, (duration, task, where), kept for the stall's
+     * report -- one incident, one report (tl_slow_report). */
+    PyObject *slow;
 };
 
 static uint64_t
@@ -222,6 +228,7 @@ tl_watchdog_stop(LoopObject *loop)
     pthread_cond_destroy(&wd->cv);
     pthread_mutex_destroy(&wd->mu);
     Py_CLEAR(wd->stack);
+    Py_CLEAR(wd->slow);
     loop->stall_flag = 0;
     PyMem_RawFree(wd);
 }
@@ -294,117 +301,32 @@ tl_stall_report(LoopObject *loop, PyObject *what, const char *io_name)
     wd->stack = NULL;
     pthread_mutex_unlock(&wd->mu);
     Py_END_ALLOW_THREADS
+    PyObject *slow = wd->slow;
+    wd->slow = NULL;
     if (st->diag_report == NULL) {
         Py_XDECREF(stack);
+        Py_XDECREF(slow);
         return 0;
     }
     PyObject *r = PyObject_CallFunction(
-        st->diag_report, "OOsdddOi", (PyObject *)loop, what, io_name,
+        st->diag_report, "OOsdddOiO", (PyObject *)loop, what, io_name,
         (double)(end - since) * 1e-9, (double)since * 1e-9,
-        (double)(captured - since) * 1e-9, stack != NULL ? stack : Py_None, nudged);
+        (double)(captured - since) * 1e-9, stack != NULL ? stack : Py_None, nudged,
+        slow != NULL ? slow : Py_None);
     Py_XDECREF(stack);
+    Py_XDECREF(slow);
     if (r == NULL)
         return -1;
     Py_DECREF(r);
     return 0;
 }
 
-/* ---- slow callbacks, attributed ----
+/* ---- slow callbacks ----
  *
  * With a slow-callback threshold every callback is timed; before a Handle
  * runs, the Task whose step it is (if any) and where it is suspended are
- * noted (a few attribute reads: Task steps only), so that a slow step can
- * be reported with where it started and where it ended. */
-
-/* An instance of asyncio's C or Python Task (st->diag_task_types)? */
-static int
-is_task(tl_state *st, PyObject *obj)
-{
-    PyObject *types = st->diag_task_types;
-    for (Py_ssize_t i = 0; types != NULL && i < PyTuple_GET_SIZE(types); i++)
-        if (PyObject_TypeCheck(obj, (PyTypeObject *)PyTuple_GET_ITEM(types, i)))
-            return 1;
-    return 0;
-}
-
-/* The Task whose step or wakeup `callback` is (a new reference), or NULL
- * without an exception. */
-PyObject *
-tl_task_of_step(LoopObject *loop, PyObject *callback)
-{
-    tl_state *st = loop->state;
-    PyObject *self = NULL;
-    if (callback == NULL || PyFunction_Check(callback))
-        return NULL;
-    if (PyMethod_Check(callback))
-        self = Py_NewRef(PyMethod_GET_SELF(callback));
-    else if (PyCFunction_Check(callback))
-        self = Py_XNewRef(PyCFunction_GET_SELF(callback));
-    else if (strstr(Py_TYPE(callback)->tp_name, "MethWrapper") != NULL) {
-        /* _asyncio's TaskStepMethWrapper (and 3.11's TaskWakeupMethWrapper) */
-        self = PyObject_GetAttr(callback, st->str_self_attr);
-        if (self == NULL)
-            PyErr_Clear();
-    }
-    if (self == NULL)
-        return NULL;
-    /* The last type that was no Task: a batch of one kind of callback
-     * (say bound methods of one object) is told apart in a compare. */
-    if ((PyObject *)Py_TYPE(self) == loop->not_task_type || !is_task(st, self)) {
-        if ((PyObject *)Py_TYPE(self) != loop->not_task_type)
-            Py_XSETREF(loop->not_task_type, Py_NewRef((PyObject *)Py_TYPE(self)));
-        Py_CLEAR(self);
-    }
-    return self;
-}
-
-/* Is this frame asyncio's own code (asyncio.sleep, a Queue's get)? */
-static int
-in_asyncio(tl_state *st, PyObject *frame)
-{
-    PyCodeObject *code = PyFrame_GetCode((PyFrameObject *)frame);
-    int r = st->diag_asyncio_dir != NULL &&
-            PyUnicode_Tailmatch(code->co_filename, st->diag_asyncio_dir, 0,
-                                PY_SSIZE_T_MAX, -1) == 1;
-    Py_DECREF(code);
-    return r;
-}
-
-/* Where the task is suspended: (qualname, filename, line) of the
- * innermost coroutine of its await chain that is not asyncio's own code,
- * or None (a new reference; no error). */
-PyObject *
-tl_task_where(tl_state *st, PyObject *task)
-{
-    PyObject *frame = NULL;
-    PyObject *obj = PyObject_GetAttr(task, st->str_t_coro);
-    for (int depth = 0; obj != NULL && depth < 64; depth++) {
-        PyObject *f = PyObject_GetAttr(obj, st->str_cr_frame);
-        if (f == NULL || !PyFrame_Check(f)) {
-            Py_XDECREF(f);
-            break;
-        }
-        if (frame == NULL || !in_asyncio(st, f))
-            Py_XSETREF(frame, f);
-        else
-            Py_DECREF(f);
-        Py_SETREF(obj, PyObject_GetAttr(obj, st->str_cr_await));
-    }
-    Py_XDECREF(obj);
-    PyErr_Clear();
-    if (frame == NULL)
-        Py_RETURN_NONE;
-    PyCodeObject *code = PyFrame_GetCode((PyFrameObject *)frame);
-    PyObject *where = Py_BuildValue("(OOi)", code->co_qualname, code->co_filename,
-                                    PyFrame_GetLineNumber((PyFrameObject *)frame));
-    Py_DECREF(code);
-    Py_DECREF(frame);
-    if (where == NULL) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    return where;
-}
+ * noted (taskstats.c: tl_task_of_step, tl_task_where), so that a slow step
+ * can be reported with where it started and where it ended. */
 
 /* A callback took took_ns (at least the threshold): tideloop.diagnostics
  * reports it.  task: the Task whose step it was (or NULL), where: where it
@@ -417,6 +339,18 @@ tl_slow_report(LoopObject *loop, PyObject *what, const char *io_name, int64_t to
     tl_count(&loop->health.slow_callbacks, 1);
     if (st->diag_slow == NULL)
         return 0;
+    tl_watchdog *wd = loop->watchdog;
+    if (wd != NULL && __atomic_load_n(&loop->stall_flag, __ATOMIC_ACQUIRE)) {
+        /* The watchdog caught this callback stalled: its report, right
+         * after this, carries the slow step's details too. */
+        PyObject *slow = Py_BuildValue("(dOO)", (double)took_ns * 1e-9,
+                                       task != NULL ? task : Py_None,
+                                       where != NULL ? where : Py_None);
+        if (slow == NULL)
+            return -1;
+        Py_XSETREF(wd->slow, slow);
+        return 0;
+    }
     PyObject *r = PyObject_CallFunction(st->diag_slow, "OOzdOO", (PyObject *)loop, what,
                                         io_name, (double)took_ns * 1e-9,
                                         task != NULL ? task : Py_None,
