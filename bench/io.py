@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""I/O benchmark (issue #5): UDP echo, subprocesses and pipes on asyncio,
+"""I/O benchmark: UDP echo, subprocesses and pipes on asyncio,
 uvloop and tideloop, measured side by side in one run.
 
     python -m bench.io                                   # everything, ~5 min
@@ -29,7 +29,7 @@ Rows:
 Every run is a fresh process.  For each row, repetition r runs the loops in an
 order rotated by r; each figure is the median of the R repetitions.
 
-Targets (issue #5), on CPU per unit: tideloop <= 0.8 x uvloop (where uvloop
+Targets, on CPU per unit: tideloop <= 0.8 x uvloop (where uvloop
 has a figure) and <= 0.5 x asyncio.  Wall-clock ratios are shown beside them
 (for information).
 """
@@ -381,7 +381,7 @@ def reproduce_command(args, cfg):
 def build_parser():
     p = argparse.ArgumentParser(
         prog="python -m bench.io",
-        description="I/O benchmark for issue #5: a UDP echo server (DatagramProtocol) "
+        description="I/O benchmark : a UDP echo server (DatagramProtocol) "
                     "loaded by a C generator, spawning and awaiting short subprocesses, "
                     "and 1 GiB through a pipe each way, on asyncio, uvloop and tideloop; "
                     "reports rates and the loop process's CPU time per unit (median of "

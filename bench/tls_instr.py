@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""TLS echo per request without wall-clock noise (issue #12): user-space
+"""TLS echo per request without wall-clock noise: user-space
 instructions under callgrind and syscalls under strace, for the tls-protocol
 echo server on asyncio, uvloop and tideloop, and the C TLS floor.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Stress suite (issue #4): loopback-only scenarios run on asyncio, uvloop and
+"""Stress suite: loopback-only scenarios run on asyncio, uvloop and
 tideloop, each scenario in a fresh child process per loop (fd limits, crashes
 and leaks stay isolated).
 

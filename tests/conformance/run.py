@@ -77,10 +77,10 @@ MODULES = [
     "test_tasks", "test_futures", "test_futures2", "test_locks", "test_queues",
     "test_timeouts", "test_taskgroups", "test_runners", "test_context",
     "test_pep492", "test_waitfor", "test_events",
-    # issue #3: TCP/Unix networking
+    # TCP/Unix networking
     "test_sock_lowlevel", "test_streams", "test_server", "test_sendfile",
     "test_buffered_proto", "test_ssl", "test_sslproto",
-    # issue #5: UDP, pipes, subprocesses (UDP and pipes: test_events)
+    # UDP, pipes, subprocesses (UDP and pipes: test_events)
     "test_subprocess", "test_unix_events",
 ]
 # Modules of newer interpreters, run where this interpreter has them: eager

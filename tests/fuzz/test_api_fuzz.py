@@ -1,4 +1,4 @@
-"""API fuzzing (issue #4): public loop, handle and transport methods called
+"""API fuzzing: public loop, handle and transport methods called
 with wrong types, huge and negative numbers, NaN, closed objects and
 re-entrant calls.  The only acceptable outcomes are a return value or one of
 the exceptions asyncio itself raises for bad input -- never a crash.

@@ -1,4 +1,4 @@
-"""API fuzzing, second half (issue #4): Server objects, the server and
+"""API fuzzing, second half: Server objects, the server and
 connection factories and sock_* methods with wrong keyword values, and
 re-entrant calls from inside every kind of callback.
 

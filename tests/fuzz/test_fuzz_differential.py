@@ -1,5 +1,5 @@
 """Differential fuzzing: random programs run on stock asyncio AND on tideloop
-must produce identical traces (issue #4).
+must produce identical traces.
 
 Each example builds a fresh loop of each kind inside the test body (the
 parametrised ``loop_name`` fixture is deliberately not used) and compares the

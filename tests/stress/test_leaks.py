@@ -8,7 +8,7 @@ Two kinds, one after the other in this file:
   tolerance; closed loops, and unclosed loops in a reference cycle, are
   garbage collected.
 
-- Workloads (issue #4, reliability): each test warms the workload up once
+- Workloads (reliability): each test warms the workload up once
   (caches, freelists), collects garbage, takes a baseline of allocated
   blocks, open fds and RSS, repeats the workload, collects again and asserts
   every figure is back to its baseline within a tolerance.  Block tolerances

@@ -1,4 +1,4 @@
-"""Stress scenarios (issue #4) at their quick size, on stock asyncio and tideloop.
+"""Stress scenarios at their quick size, on stock asyncio and tideloop.
 
 Each test runs one scenario of stress/run.py in a child process (the runner
 itself starts the scenario's own children: clients, a signal flooder) and

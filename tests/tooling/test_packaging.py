@@ -1,4 +1,4 @@
-"""Packaging as a user meets it (issue #9 item 5).
+"""Packaging as a user meets it.
 
 Builds the sdist and, from that sdist, the wheel (``python -m build``, with
 build isolation: setuptools comes from PyPI through pip), then checks what a
