@@ -436,6 +436,62 @@ def instructions_table():
             + f"\n\n{base['unit']}, Python {base['python']}.")
 
 
+# --- the targets: what PASS/FAIL checks (bench/README.md) ---------------------
+
+REF = {"c": "the C server", "c_server": "the C server"}
+THREADS_TARGETS = {   # threads.json's target: (what is compared, the rows it applies to)
+    "scaling_2_vs_1": ("CPU per request or round trip, 2 loops over 1 loop",
+                       "`echo`, `inproc`, free-threaded builds"),
+    "gil_off_vs_on": ("CPU per request, 1 loop, GIL off over GIL on", "`--gil both`"),
+    "mixed_two_jobs_vs_one": ("wall time of two `to_thread` jobs over one, loop idle",
+                              "`mixed`, GIL off"),
+}
+
+
+def _limits(limits, sign="<="):
+    return ", ".join(f"{sign}{v:.2f}x {REF.get(k, k)}" for k, v in limits.items())
+
+
+def _grouped(pairs):
+    """(row, limit text) pairs -> [rows sharing a limit, limit], first-seen order."""
+    groups = {}
+    for row, text in pairs:
+        groups.setdefault(text, []).append(row)
+    if len(groups) == 1:
+        return [("every row", text) for text in groups]
+    return [(", ".join(rows), text) for text, rows in groups.items()]
+
+
+def targets_table():
+    """Each benchmark's targets, as its last result file records them."""
+    rows = []
+    micro = _load("micro.json")
+    for names, text in _grouped((f"`{r['name']}`", "-" if r.get("target_vs_uvloop") is None
+                                 else f"<={r['target_vs_uvloop']:.2f}x uvloop")
+                                for r in micro["results"]):
+        rows.append(["`python -m tideloop bench`", names, "ns per operation", text])
+    pairs = []
+    for kind, t in _load("net.json")["targets"].items():
+        sign, what = (">=", "handshakes/s") if t["metric"] == "rps" else ("<=", "CPU per request")
+        by_size = t["limits"]
+        if not by_size:
+            pairs.append((f"`{kind}`", (what, "-")))
+        for size, lim in by_size.items():
+            at = "" if size == "all" else f" ({int(size) // 1024} KiB)"
+            pairs.append((f"`{kind}`{at}", (what, _limits(lim, sign))))
+    for names, (what, text) in _grouped(pairs):
+        rows.append(["`bench.net`", names, what, text])
+    io = _load("io.json")
+    rows.append(["`bench.io`", "every row", "CPU per unit", _limits(io["targets"])])
+    for names, text in _grouped((f"`{k}`", _limits(t["limits"].get("all", {})))
+                                for k, t in _load("apps.json")["targets"].items()):
+        rows.append(["`bench.apps`", names, "CPU per operation", text])
+    for key, limit in _load(THREADS_FILES[0])["targets"].items():
+        what, where = THREADS_TARGETS.get(key, (key, "-"))
+        rows.append(["`bench.threads`", where, what, f"<={limit:.2f}x"])
+    return table(["benchmark", "rows", "tideloop's figure", "target"], rows, left=4)
+
+
 def core_map():
     """The C core's map, src/tideloop/_core/README.md, without its title."""
     with open(os.path.join(REPO, "src", "tideloop", "_core", "README.md")) as f:
@@ -455,7 +511,7 @@ GENERATORS = {
     "diag_overhead": diag_overhead_table, "instructions": instructions_table,
     "suites": lambda: _suites("ecosystem-suites.json"),             # the quick selection (CI)
     "suites_full": lambda: _suites("ecosystem-suites-full.json"),   # --full
-    "core_map": core_map,
+    "core_map": core_map, "targets": targets_table,
 }
 
 
