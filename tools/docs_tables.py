@@ -441,8 +441,9 @@ def instructions_table():
 REF = {"c": "the C server", "c_server": "the C server"}
 THREADS_TARGETS = {   # threads.json's target: (what is compared, the rows it applies to)
     "scaling_2_vs_1": ("CPU per request or round trip, 2 loops over 1 loop",
-                       "`echo`, `inproc`, free-threaded builds"),
-    "gil_off_vs_on": ("CPU per request, 1 loop, GIL off over GIL on", "`--gil both`"),
+                       "`echo`, `inproc`, GIL off"),
+    "gil_off_vs_on": ("CPU per request or round trip, 1 loop, GIL off over GIL on",
+                      "`--gil both`"),
     "mixed_two_jobs_vs_one": ("wall time of two `to_thread` jobs over one, loop idle",
                               "`mixed`, GIL off"),
 }
