@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Real-app benchmark (issue 14, part 4): web servers, database and cache
+"""Real-app benchmark: web servers, database and cache
 clients and websockets on asyncio, uvloop and tideloop, with the services
 they talk to started by this script.
 
@@ -36,8 +36,8 @@ Rows (bench/apps_worker.py is the Python side, bench/apps_app.py the apps):
          is not counted
 
 Every run is a fresh process.  For each row, repetition r runs the loops in an
-order rotated by r; each figure is the median of the R repetitions.  Target
-(issue 14): tideloop's CPU per op <= 0.90 x uvloop's on every row.
+order rotated by r; each figure is the median of the R repetitions.  Target:
+tideloop's CPU per op <= 0.90 x uvloop's on every row.
 
 Services: wrk, redis-server and PostgreSQL come from Debian
 (tools/ensure_debian_package.sh installs what is missing); PostgreSQL runs as
@@ -811,7 +811,7 @@ def reproduce_command(args, cfg):
 def build_parser():
     p = argparse.ArgumentParser(
         prog="python -m bench.apps",
-        description="Real-app benchmark (issue 14): aiohttp and uvicorn+Starlette "
+        description="Real-app benchmark: aiohttp and uvicorn+Starlette "
                     "servers (alone and as gunicorn's 2 workers) under wrk, asyncpg "
                     "and redis-py clients against PostgreSQL and redis-server started "
                     "here, websockets echo; on asyncio, uvloop and tideloop, interleaved; "

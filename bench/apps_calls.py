@@ -1,5 +1,5 @@
 """Python-level call counts per request of bench/apps_app.py's aiohttp server,
-one loop against another (the lead-finder for issue 14's "interpreter
+one loop against another (the lead-finder for the "interpreter
 instructions per request" gap).
 
     PYTHONPATH=src python3 -m bench.apps_calls                 # uvloop vs tideloop

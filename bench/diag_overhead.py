@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What tideloop's diagnostics cost (issue 13): user-space instructions of
+"""What tideloop's diagnostics cost: user-space instructions of
 the same workloads on a build without them (--base, a git revision) and on
 this checkout, with callback timing off and on.
 
