@@ -26,9 +26,8 @@ def _start_waiter(target, pid, *args):
 
 
 class ChildWatching:
-    """The loop's part in watching its subprocesses (a mixin of the Loop)."""
-
-    __slots__ = ()
+    """The loop's part in watching its subprocesses (bound on the Loop
+    class)."""
 
     def _init_children(self):
         self._child_pidfds = {}        # pidfd -> pid of watched children

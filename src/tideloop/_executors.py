@@ -12,9 +12,7 @@ _borrow = _compat.borrow
 
 class Executors:
     """run_in_executor, the default executor, async generators' hooks and
-    their shutdowns (a mixin of the Loop)."""
-
-    __slots__ = ()
+    their shutdowns (bound on the Loop class)."""
 
     _default_executor = None
     _executor_shutdown_called = False

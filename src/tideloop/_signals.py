@@ -16,9 +16,7 @@ from . import _core
 
 
 class Signals:
-    """add_signal_handler / remove_signal_handler (a mixin of the Loop)."""
-
-    __slots__ = ()
+    """add_signal_handler / remove_signal_handler (bound on the Loop class)."""
 
     _old_wakeup_fd = None
 

@@ -12,9 +12,7 @@ _UnixLoop = _unix_events._UnixSelectorEventLoop
 
 class Subprocesses:
     """connect_read_pipe, connect_write_pipe, subprocess_exec and
-    subprocess_shell (a mixin of the Loop)."""
-
-    __slots__ = ()
+    subprocess_shell (bound on the Loop class)."""
 
     connect_read_pipe = _borrow("connect_read_pipe")
     connect_write_pipe = _borrow("connect_write_pipe")
