@@ -65,6 +65,8 @@ class _SelectorView(collections.abc.Mapping):
         return len(self._loop._watched_fds())
 
 
+_run_until_complete = _borrow("run_until_complete")
+
 _STATS_COUNTERS = ("iterations", "polls", "callbacks", "io_events", "timers_fired",
                    "slow_callbacks")
 
@@ -82,10 +84,6 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         _registry.register(self)
         self._asyncgens = weakref.WeakSet()
         self._set_debug_flag(_compat.is_debug_mode())
-        # CPython's C Task looks up loop.call_soon with a plain getattr on
-        # every wakeup, which allocates a bound method each time; one kept
-        # in the instance dict is found first and reused.
-        self.call_soon = self.call_soon
         self._init_children()
         self._init_network()
         if os.environ.get("TIDELOOP_DIAGNOSTICS"):
@@ -113,7 +111,28 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         return None if self.is_closed() else _SelectorView(self)
 
     _check_running = _borrow("_check_running")
-    run_until_complete = _borrow("run_until_complete")
+
+    def run_until_complete(self, future):
+        # A bound call_soon in the instance dict while the loop runs: found
+        # before the class's method, it spares 3.11's C Task and Future a new
+        # bound method each time they schedule a step or a done callback
+        # (they fetch loop.call_soon with a plain getattr), and 3.12's
+        # interpreter calls it quicker than the C method.  Only while it
+        # runs: the bound method is a cycle through the instance dict, and a
+        # loop that is not running, closed or not, must be freed as soon as
+        # its last user lets go, not at the next collection.  (Set here, not
+        # in run_forever, which is C: a Python frame there would stand
+        # between a stalled callback and the code that ran the loop.  One
+        # that an application gave a call_soon of its own keeps that.)
+        d = self.__dict__
+        if "call_soon" in d:
+            return _run_until_complete(self, future)
+        d["call_soon"] = self.call_soon
+        try:
+            return _run_until_complete(self, future)
+        finally:
+            d.pop("call_soon", None)
+
     _set_coroutine_origin_tracking = _borrow("_set_coroutine_origin_tracking")
 
     def set_debug(self, enabled):
@@ -136,11 +155,6 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
         self._close_listeners()
         super().close()
         self._signal_pipe_close()
-        # The bound call_soon kept for Tasks (__init__) is a cycle through
-        # the instance dict: without it a closed loop is freed as soon as
-        # its last user lets go, not at the next collection (anyio checks
-        # that asyncio.run() + to_thread leaves no loop behind).
-        self.__dict__.pop("call_soon", None)
         self._drop_default_executor()
 
     # -- errors ------------------------------------------------------------
