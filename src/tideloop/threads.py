@@ -242,7 +242,7 @@ def run(main, *args, threads=None, loop_factory=None, shutdown_timeout=30.0):
     if asyncio._get_running_loop() is not None:
         raise RuntimeError("tideloop.threads.run() cannot be called from a running event loop")
     if loop_factory is None:
-        from . import new_event_loop as loop_factory
+        from ._loop import new_event_loop as loop_factory
 
     # The main thread sleeps in select() on a pipe that wakes it: each thread
     # writes a 0 byte to it when it ends, and the interpreter's C signal

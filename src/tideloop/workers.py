@@ -20,7 +20,7 @@ import asyncio
 import os
 import socket
 
-from . import new_event_loop
+from ._loop import new_event_loop
 
 __all__ = ("UvicornWorker", "AiohttpWorker")
 

@@ -312,3 +312,38 @@ def test_closed_loop_is_freed_without_a_collection(raw_loop_factory):
         assert ref() is None
     finally:
         gc.enable()
+
+
+def test_dropped_unclosed_loop_is_freed_without_a_collection(raw_loop_factory, loop_name):
+    # A loop dropped without close() is freed as soon as its last user lets
+    # go (its __del__ warns and closes it), not at the next collection: a
+    # library that forgets close() must not pile up loops, their fds and
+    # their threads' references until the collector runs.
+    if loop_name == "asyncio":
+        pytest.skip("the stock selector loop keeps its self-pipe reader, a "
+                    "bound method of itself: a cycle the collector frees")
+    import gc
+    import warnings
+    import weakref
+
+    async def main():
+        await asyncio.create_task(asyncio.sleep(0))   # a Task's wakeups
+        await asyncio.sleep(0)
+
+    gc.collect()
+    gc.disable()
+    try:
+        lp = raw_loop_factory()
+        lp.run_until_complete(main())
+        ref = weakref.ref(lp)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            del lp
+        unclosed = [str(w.message) for w in caught
+                    if issubclass(w.category, ResourceWarning)]
+        assert len(unclosed) == 1 and unclosed[0].startswith(
+            "unclosed event loop <Loop running=False closed=False"), unclosed
+        del caught      # the warning's source is the loop
+        assert ref() is None
+    finally:
+        gc.enable()
