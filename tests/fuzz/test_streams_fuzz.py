@@ -127,15 +127,18 @@ big = st.builds(Big, st.sampled_from([300, 5000, 70000, 100000]),
 data = st.one_of(chunk, chunk, chunk, big)
 
 SEPARATORS = [b"\n", b"--", b"ab", b"\r\n", b"abc", b"a", b"xxxxxxxxx", b"",
-              bytearray(b"\n"), (b"\n", b"--"), (b"abc", b"b"), "\n"]
+              bytearray(b"\n"), memoryview(b"--"), (b"\n", b"--"), (b"abc", b"b"),
+              [b"-", b"\n\n"], (), (b"",), (b"a", b""), "\n", None]
 
 read_op = st.one_of(
     st.tuples(st.just("read"), st.one_of(
-        st.sampled_from([-1, 0, 1, 2, 3, 5, 8, 100, 100000, True, 2.0, None]),
+        st.sampled_from([-1, 0, 1, 2, 3, 5, 8, 100, 100000, 2 ** 70, -2 ** 70,
+                         True, 2.0, None, "1"]),
         st.integers(1, 40))),
     st.tuples(st.just("readline")),
     st.tuples(st.just("readexactly"), st.one_of(
-        st.sampled_from([-1, 0, 1, 2, 3, 100, 70000, 2.0]), st.integers(1, 40))),
+        st.sampled_from([-1, 0, 1, 2, 3, 100, 70000, 2 ** 70, -2 ** 70, False, 2.0]),
+        st.integers(1, 40))),
     st.tuples(st.just("readuntil"), st.sampled_from(SEPARATORS)),
     st.tuples(st.just("readuntil_default")),
 )
@@ -156,7 +159,7 @@ action = st.one_of(
     st.tuples(st.just("cancel"), st.integers(0, 5), st.integers(0, 3)),
     st.tuples(st.just("send_cancel"), chunk, st.integers(0, 5), st.booleans()),
     st.tuples(st.just("at_eof")),
-    st.tuples(st.just("feed_data"), chunk),
+    st.tuples(st.just("feed_data"), st.one_of(chunk, st.just(b""))),
     st.tuples(st.just("feed_eof")),
     st.tuples(st.just("set_exception")),
     st.tuples(st.just("pause_reading")),
@@ -290,18 +293,27 @@ class Scenario:
                 self.writer.transport.is_closing(), self.writer.transport.is_reading())
 
     def unread(self):
-        return 0 if self.writer.transport.is_closing() else _ioctl(self.sock, SIOCINQ)
+        """The peer's bytes the loop has not read yet."""
+        if self.writer.transport.is_closing():
+            return 0
+        return _ioctl(self.sock, SIOCINQ) + self.peer.in_flight()
+
+    def _busy_why(self):
+        tr = self.writer.transport
+        return dict(peer_outq=self.peer.in_flight(), closing=tr.is_closing(),
+                    reading=tr.is_reading(), inq=_ioctl(self.sock, SIOCINQ),
+                    outq=_ioctl(self.sock, SIOCOUTQ), wbuf=tr.get_write_buffer_size(),
+                    expect_eof=self.expect_eof, peer_closed=self.peer.closed)
 
     def _busy(self):
         r, tr = self.reader, self.writer.transport
-        if self.peer.in_flight():
-            return True
         closing = tr.is_closing()
-        if not closing:
-            if _ioctl(self.sock, SIOCINQ) and tr.is_reading():
-                return True
-            if not self.peer.closed and _ioctl(self.sock, SIOCOUTQ):
-                return True
+        # bytes on their way in matter while the loop reads them
+        if not closing and tr.is_reading() and (
+                self.peer.in_flight() or _ioctl(self.sock, SIOCINQ)):
+            return True
+        if not closing and not self.peer.closed and _ioctl(self.sock, SIOCOUTQ):
+            return True
         if tr.get_write_buffer_size() and not self.peer.closed:
             return True
         if self.expect_eof and not (r._eof or not tr.is_reading() or
@@ -329,6 +341,8 @@ class Scenario:
             last = state
             if loop.time() > deadline:
                 self.trace.append("unsettled")
+                if os.environ.get("TIDELOOP_FUZZ_DEBUG"):
+                    print("unsettled", self._busy_why(), self._state(), flush=True)
                 return
 
     def snapshot(self, label):
