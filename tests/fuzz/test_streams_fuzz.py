@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import faulthandler
 import fcntl
+import functools
 import itertools
 import os
 import shutil
@@ -322,7 +323,10 @@ class Scenario:
             return True
         if not closing and not self.peer.closed and _ioctl(self.sock, SIOCOUTQ):
             return True
-        if tr.get_write_buffer_size() and not self.peer.closed:
+        # (3.12/3.13.0's writelines() after the connection was lost leaves
+        # its bytes in the stock transport's buffer for good)
+        if (tr.get_write_buffer_size() and not self.peer.closed
+                and not self.writer._protocol._connection_lost):
             return True
         if self.expect_eof and not (r._eof or not tr.is_reading() or
                                     self.writer._protocol._connection_lost or
@@ -470,6 +474,9 @@ class Scenario:
             out = self.call(self.writer.write, bytes(action[1]))
         elif kind == "write_bad":
             out = self.call(self.writer.write, action[1])
+        elif kind == "writelines" and (self.writer.transport.is_closing()
+                                       and _stock_writelines_fails_after_close()):
+            out = "skipped: the stock transport raises TypeError here"
         elif kind == "writelines":
             items = action[1]
             if self.peer.closed and self.peer.tcp and not STRICT:
@@ -510,6 +517,33 @@ class Scenario:
             await self.writer.wait_closed()
         self.peer.drain()
         self.snapshot("closed")
+
+
+@functools.cache
+def _stock_writelines_fails_after_close():
+    """Does stock asyncio's socket transport raise TypeError for a
+    writelines() after close() (3.12, 3.13.0: close() drops the method
+    writelines() calls)?  tideloop does not copy that."""
+    loop = asyncio.SelectorEventLoop()
+    a, b = socket.socketpair()
+
+    async def probe():
+        _, writer = await asyncio.open_connection(sock=a)
+        writer.close()
+        try:
+            writer.writelines([b"x"])
+        except TypeError:
+            return True
+        finally:
+            await asyncio.sleep(0)
+        return False
+
+    try:
+        return loop.run_until_complete(probe())
+    finally:
+        loop.close()
+        a.close()
+        b.close()
 
 
 # ---------------------------------------------------------------------------
@@ -615,6 +649,7 @@ def _tideloop():
 def _traces(kind, limit, steps):
     from tideloop import _core
 
+    _stock_writelines_fails_after_close()      # known before a loop runs
     before = _core.streams_stats()["connections"]
     # the switch is read when a connection is made: on for the whole run
     previous = _core.set_streams_fast_path(True)
