@@ -999,7 +999,7 @@ op_step(OpObject *self, PyObject *value, PyObject *exc, PyObject **res)
             return PYGEN_ERROR;
         }
         if (value != Py_None) {
-            self->phase = OP_DONE;
+            /* a coroutine stays unstarted (and can still be started) */
             PyErr_SetString(PyExc_TypeError,
                             "can't send non-None value to a just-started coroutine");
             return PYGEN_ERROR;
