@@ -164,6 +164,9 @@ action = st.one_of(
     st.tuples(st.just("op_cancel"), read_op, st.integers(0, 2)),
     st.tuples(st.just("cancel"), st.integers(0, 5), st.integers(0, 3)),
     st.tuples(st.just("send_cancel"), chunk, st.integers(0, 5), st.booleans()),
+    st.tuples(st.just("coro"), read_op, st.sampled_from(
+        ["close_new", "throw_new", "send_value", "send_close", "send_throw",
+         "send_twice", "send_done"])),
     st.tuples(st.just("at_eof")),
     st.tuples(st.just("feed_data"), st.one_of(chunk, st.just(b""))),
     st.tuples(st.just("feed_eof")),
@@ -402,6 +405,54 @@ class Scenario:
         self.tasks[ident] = asyncio.get_running_loop().create_task(run())
         return ident
 
+    def coro_protocol(self, op, how):
+        """The coroutine protocol driven by hand on a read's awaitable (the
+        C path's StreamOp, or asyncio's coroutine): send, throw, close and
+        reuse, as a program (or a framework's task) may."""
+        name, *args = op
+        if name == "readuntil_default":
+            name = "readuntil"
+        try:
+            coro = (self.reader.__anext__() if name == "anext"
+                    else getattr(self.reader, name)(*args))
+        except Exception as exc:
+            return ("raised", describe(exc))
+        steps = []
+
+        def step(fn, *a):
+            try:
+                got = fn(*a)
+            except StopIteration as exc:
+                steps.append(("returned", exc.value))
+                return False
+            except Exception as exc:
+                steps.append(("raised", describe(exc)))
+                return False
+            steps.append(("yielded", asyncio.isfuture(got) and not got.done()))
+            return True
+
+        try:
+            if how == "close_new":
+                steps.append(("closed", coro.close()))
+            elif how == "throw_new":
+                step(coro.throw, ValueError("thrown"))
+            elif how == "send_value":
+                step(coro.send, 1)
+            elif step(coro.send, None):
+                if how == "send_close":
+                    steps.append(("closed", coro.close()))
+                elif how == "send_throw":
+                    step(coro.throw, ValueError("thrown"))
+                elif how == "send_twice":
+                    step(coro.send, None)       # the future is not done
+                elif how == "send_done":
+                    self.reader.feed_data(b"\n")
+                    step(coro.send, None)
+            step(coro.send, None)               # reuse: over by now
+        finally:
+            coro.close()
+        return (tuple(steps), self.reader._waiter is None)
+
     def pick(self, j):
         if not self.tasks:
             return None
@@ -462,6 +513,8 @@ class Scenario:
                 task.cancel()
             if not send_first:
                 out = self.peer.send(payload, self.unread())
+        elif kind == "coro":
+            out = self.coro_protocol(action[1], action[2])
         elif kind == "at_eof":
             out = (self.reader.at_eof(), describe(self.reader.exception()))
         elif kind == "feed_data":
