@@ -183,7 +183,7 @@ action = st.one_of(
     st.tuples(st.just("close")),
     st.tuples(st.just("wait_closed")),
 )
-LIMITS = st.sampled_from([None, None, 1, 2, 3, 5, 8, 16, 64, 1000])
+LIMITS = st.sampled_from([None, None, 1, 2, 3, 5, 8, 16, 64, 1000, 2 ** 70, 2.5, True])
 actions = st.lists(action, min_size=3, max_size=30)
 
 
