@@ -9,12 +9,15 @@ small ``limit=``) and a list of actions:
 
 * the peer (a plain non-blocking socket, driven by the test itself) sends
   chunks split at random points, half-closes, closes or resets;
-* the reader's read(n)/read(-1)/readline()/readexactly(n)/readuntil(sep),
-  each in its own task, left in flight, cancelled (at once, after k loop
-  iterations, or in the same step as the peer's bytes), or called while
-  another one waits;
+* the reader's read(n)/read(-1)/readline()/readexactly(n)/readuntil(sep)
+  and async iteration (odd arguments too), each in its own task, left in
+  flight, cancelled (at once, after k loop iterations, or in the same step
+  as the peer's bytes), or called while another one waits; asyncio's own
+  methods taking turns with the C ones on one reader; a read's coroutine
+  driven by hand (send/throw/close, reuse);
 * at_eof()/exception(), feed_data()/feed_eof()/set_exception() called
-  directly (feeding after an exception, after EOF);
+  directly (feeding after an exception, after EOF), the transport's
+  pause_reading()/resume_reading();
 * the writer's write()/writelines() (bad types too), drain(), write_eof(),
   close() and wait_closed().
 
@@ -36,7 +39,9 @@ woken in the same iteration runs first is not part of streams' contract.
 
 TIDELOOP_FUZZ_EXAMPLES sets the number of examples per test (CI: the
 default 150 for the socket-pair test, 60 for the network one); the long
-mode is e.g. ``TIDELOOP_FUZZ_EXAMPLES=5000``.
+mode is e.g. ``TIDELOOP_FUZZ_EXAMPLES=5000``.  TIDELOOP_FUZZ_STRICT=1
+drops the allowance for a known transport difference (Scenario.act);
+TIDELOOP_FUZZ_DEBUG=1 prints why a settle ran out of time.
 """
 import asyncio
 import contextlib
