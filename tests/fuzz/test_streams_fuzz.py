@@ -83,7 +83,7 @@ def _scaled_watchdog():
     teardown disarms both timers."""
     examples = int(_ENV_EXAMPLES or 150)
     if threading.current_thread() is threading.main_thread():
-        budget = 30 + 0.2 * examples
+        budget = 30 + 0.4 * examples
         signal.setitimer(signal.ITIMER_REAL, budget)
         faulthandler.dump_traceback_later(3 * budget, exit=True)
     yield
