@@ -992,8 +992,23 @@ op_step(OpObject *self, PyObject *value, PyObject *exc, PyObject **res)
         return PYGEN_ERROR;
     case OP_NEW:
         if (exc != NULL) {
-            /* thrown into before it started: it ends with that */
+            /* thrown into before it started: it ends with that -- but a
+             * StopIteration leaving a coroutine is a RuntimeError from it
+             * (PEP 479), else the caller would take it for a result */
             self->phase = OP_DONE;
+            if (PyObject_TypeCheck(exc, (PyTypeObject *)PyExc_StopIteration)) {
+                PyObject *rt = PyObject_CallFunction(
+                    PyExc_RuntimeError, "s", "coroutine raised StopIteration");
+                if (rt != NULL) {
+                    PyException_SetCause(rt, Py_NewRef(exc));
+                    PyException_SetContext(rt, exc);    /* exc's reference */
+                    PyErr_SetObject(PyExc_RuntimeError, rt);
+                    Py_DECREF(rt);
+                }
+                else
+                    Py_DECREF(exc);
+                return PYGEN_ERROR;
+            }
             PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
             Py_DECREF(exc);
             return PYGEN_ERROR;
