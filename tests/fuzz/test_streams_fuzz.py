@@ -170,7 +170,7 @@ action = st.one_of(
     st.tuples(st.just("cancel"), st.integers(0, 5), st.integers(0, 3)),
     st.tuples(st.just("send_cancel"), chunk, st.integers(0, 5), st.booleans()),
     st.tuples(st.just("coro"), read_op, st.sampled_from(
-        ["close_new", "throw_new", "send_value", "send_close", "send_throw",
+        ["close_new", "throw_new", "throw_stop_new", "send_value", "send_close", "send_throw",
          "send_twice", "send_done"])),
     st.tuples(st.just("at_eof")),
     st.tuples(st.just("feed_data"), st.one_of(chunk, st.just(b""))),
@@ -441,6 +441,8 @@ class Scenario:
                 steps.append(("closed", coro.close()))
             elif how == "throw_new":
                 step(coro.throw, ValueError("thrown"))
+            elif how == "throw_stop_new":      # PEP 479
+                step(coro.throw, StopIteration("thrown"))
             elif how == "send_value":
                 step(coro.send, 1)
             elif step(coro.send, None):
