@@ -650,17 +650,22 @@ def test_non_none_first_send_leaves_the_read_unstarted(loop, streams_path):
     arun(loop, main())
 
 
-def test_stop_iteration_thrown_before_start_is_a_runtime_error(loop, streams_path):
-    # PEP 479: a StopIteration leaving a coroutine becomes RuntimeError (a
-    # caller would take a bare one for the coroutine's result).
+def test_stop_iteration_thrown_before_start_as_coroutines_do(loop, streams_path):
+    # A StopIteration thrown into an unstarted coroutine: RuntimeError from
+    # it on 3.11 (PEP 479), the StopIteration itself from 3.12.
     async def main():
         reader, writer, peer = await stream_pair()
         for coro in (reader.read(1), reader.readline(), reader.readexactly(1),
                      reader.readuntil(b"-")):
             stop = StopIteration("value")
-            with pytest.raises(RuntimeError, match="coroutine raised StopIteration") as err:
-                coro.throw(stop)
-            assert err.value.__cause__ is stop and err.value.__context__ is stop
+            if sys.version_info < (3, 12):
+                with pytest.raises(RuntimeError, match="coroutine raised StopIteration") as err:
+                    coro.throw(stop)
+                assert err.value.__cause__ is stop and err.value.__context__ is stop
+            else:
+                with pytest.raises(StopIteration) as err:
+                    coro.throw(stop)
+                assert err.value is stop
             with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):
                 coro.send(None)
         await closing(writer, peer)

@@ -992,10 +992,11 @@ op_step(OpObject *self, PyObject *value, PyObject *exc, PyObject **res)
         return PYGEN_ERROR;
     case OP_NEW:
         if (exc != NULL) {
-            /* thrown into before it started: it ends with that -- but a
-             * StopIteration leaving a coroutine is a RuntimeError from it
-             * (PEP 479), else the caller would take it for a result */
+            /* thrown into before it started: it ends with that -- on 3.11
+             * a StopIteration so thrown leaves a coroutine as RuntimeError
+             * (PEP 479); from 3.12 it comes out as it is */
             self->phase = OP_DONE;
+#if PY_VERSION_HEX < 0x030C0000
             if (PyObject_TypeCheck(exc, (PyTypeObject *)PyExc_StopIteration)) {
                 PyObject *rt = PyObject_CallFunction(
                     PyExc_RuntimeError, "s", "coroutine raised StopIteration");
@@ -1009,6 +1010,7 @@ op_step(OpObject *self, PyObject *value, PyObject *exc, PyObject **res)
                     Py_DECREF(exc);
                 return PYGEN_ERROR;
             }
+#endif
             PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
             Py_DECREF(exc);
             return PYGEN_ERROR;
