@@ -630,6 +630,49 @@ def test_awaitables_act_as_coroutines(loop, streams_path):
     arun(loop, main())
 
 
+def test_non_none_first_send_leaves_the_read_unstarted(loop, streams_path):
+    # A coroutine refuses a first send() of anything but None and stays
+    # unstarted: send(None) then runs it as usual (found by the fuzzer).
+    async def main():
+        reader, writer, peer = await stream_pair()
+        peer.sendall(b"line\nrest")
+        await settle(reader, 9)
+        for coro, want in ((reader.readline(), b"line\n"), (reader.read(2), b"re"),
+                           (reader.readexactly(1), b"s"), (reader.readuntil(b"t"), b"t")):
+            with pytest.raises(TypeError, match="can't send non-None value"):
+                coro.send(1)
+            with pytest.raises(StopIteration) as stop:
+                coro.send(None)
+            assert stop.value.value == want
+        assert bytes(reader._buffer) == b""
+        await closing(writer, peer)
+
+    arun(loop, main())
+
+
+def test_stop_iteration_thrown_before_start_as_coroutines_do(loop, streams_path):
+    # A StopIteration thrown into an unstarted coroutine: RuntimeError from
+    # it on 3.11 (PEP 479), the StopIteration itself from 3.12.
+    async def main():
+        reader, writer, peer = await stream_pair()
+        for coro in (reader.read(1), reader.readline(), reader.readexactly(1),
+                     reader.readuntil(b"-")):
+            stop = StopIteration("value")
+            if sys.version_info < (3, 12):
+                with pytest.raises(RuntimeError, match="coroutine raised StopIteration") as err:
+                    coro.throw(stop)
+                assert err.value.__cause__ is stop and err.value.__context__ is stop
+            else:
+                with pytest.raises(StopIteration) as err:
+                    coro.throw(stop)
+                assert err.value is stop
+            with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):
+                coro.send(None)
+        await closing(writer, peer)
+
+    arun(loop, main())
+
+
 def test_never_awaited_read_warns(loop, streams_path):
     async def main():
         reader, writer, peer = await stream_pair()

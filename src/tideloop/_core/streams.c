@@ -992,14 +992,31 @@ op_step(OpObject *self, PyObject *value, PyObject *exc, PyObject **res)
         return PYGEN_ERROR;
     case OP_NEW:
         if (exc != NULL) {
-            /* thrown into before it started: it ends with that */
+            /* thrown into before it started: it ends with that -- on 3.11
+             * a StopIteration so thrown leaves a coroutine as RuntimeError
+             * (PEP 479); from 3.12 it comes out as it is */
             self->phase = OP_DONE;
+#if PY_VERSION_HEX < 0x030C0000
+            if (PyObject_TypeCheck(exc, (PyTypeObject *)PyExc_StopIteration)) {
+                PyObject *rt = PyObject_CallFunction(
+                    PyExc_RuntimeError, "s", "coroutine raised StopIteration");
+                if (rt != NULL) {
+                    PyException_SetCause(rt, Py_NewRef(exc));
+                    PyException_SetContext(rt, exc);    /* exc's reference */
+                    PyErr_SetObject(PyExc_RuntimeError, rt);
+                    Py_DECREF(rt);
+                }
+                else
+                    Py_DECREF(exc);
+                return PYGEN_ERROR;
+            }
+#endif
             PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
             Py_DECREF(exc);
             return PYGEN_ERROR;
         }
         if (value != Py_None) {
-            self->phase = OP_DONE;
+            /* a coroutine stays unstarted (and can still be started) */
             PyErr_SetString(PyExc_TypeError,
                             "can't send non-None value to a just-started coroutine");
             return PYGEN_ERROR;
