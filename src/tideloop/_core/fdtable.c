@@ -76,8 +76,14 @@ fileobj_forget(LoopObject *self, int fd)
     if (self->fileobjs == NULL)
         return;
     PyObject *key = PyLong_FromLong(fd);
-    if (key == NULL || PyDict_DelItem(self->fileobjs, key) < 0)
-        PyErr_Clear();
+    if (key == NULL || PyDict_DelItem(self->fileobjs, key) < 0) {
+        /* An fd registered with an int has no entry; nothing else may be
+         * lost silently (callers cannot fail: reported). */
+        if (key != NULL && PyErr_ExceptionMatches(PyExc_KeyError))
+            PyErr_Clear();
+        else
+            PyErr_WriteUnraisable((PyObject *)self);
+    }
     Py_XDECREF(key);
 }
 
@@ -368,6 +374,10 @@ tl_fd_remove(LoopObject *self, int fd, int which, int *removed)
     s->handle = NULL;
     s->io = NULL;
     if (fd_set_mask(self, fd, e->mask & fd_wanted(e)) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_OSError)) {
+            *s = old;   /* no memory: nothing removed */
+            return -1;
+        }
         /* The kernel forgot the fd already (closed); keep our table honest. */
         PyErr_Clear();
         if (e->mask)
@@ -408,9 +418,15 @@ tl_fd_dispatch(LoopObject *self, int fd, int mask)
             if (h->cancelled) {
                 /* Cancelled by its owner without remove_reader(). */
                 s->handle = NULL;
-                if (fd_set_mask(self, fd, e->mask & fd_wanted(e)) < 0)
-                    PyErr_Clear();
+                int rc = fd_set_mask(self, fd, e->mask & fd_wanted(e));
                 Py_DECREF(h);
+                if (rc < 0) {
+                    /* An fd closed under its registration: the kernel
+                     * forgot it.  Any other error (no memory) is raised. */
+                    if (!PyErr_ExceptionMatches(PyExc_OSError))
+                        return -1;
+                    PyErr_Clear();
+                }
             }
             else if (tl_ready_push(&self->ready,
                                    Py_NewRef((PyObject *)h)) < 0) {
@@ -427,9 +443,11 @@ tl_fd_clear_all(LoopObject *self)
 {
     Py_CLEAR(self->fileobjs);
     for (size_t fd = 0; fd < self->fds_cap; fd++) {
-        if (slot_clear(&self->fds[fd].rd) < 0 ||
-            slot_clear(&self->fds[fd].wr) < 0)
-            PyErr_Clear();
+        /* (an error of a Handle's cancel() cannot propagate from here) */
+        if (slot_clear(&self->fds[fd].rd) < 0)
+            PyErr_WriteUnraisable((PyObject *)self);
+        if (slot_clear(&self->fds[fd].wr) < 0)
+            PyErr_WriteUnraisable((PyObject *)self);
     }
 }
 
@@ -570,6 +588,7 @@ remove_io(LoopObject *self, PyObject *fileobj, int which, int public)
          * the object itself (the selector's _fileobj_lookup). */
         if (!(gone || (!public && PyErr_ExceptionMatches(PyExc_ValueError))))
             return NULL;
+        assert(PyErr_ExceptionMatches(PyExc_ValueError));   /* the one cleared */
         if (self->closed) {
             PyErr_Clear();
             Py_RETURN_FALSE;
@@ -586,9 +605,11 @@ remove_io(LoopObject *self, PyObject *fileobj, int which, int public)
             tl_poller_modify(self->poller, fd, fd_wanted(e) & ~which) < 0) {
             PyErr_SetFromErrno(PyExc_OSError);
             PyObject *exc = tl_err_get_raised();
-            if (tl_fd_remove(self, fd, TL_POLL_READ, NULL) < 0 ||
-                tl_fd_remove(self, fd, TL_POLL_WRITE, NULL) < 0)
-                PyErr_Clear();
+            /* (the poller's error is the one raised: others are reported) */
+            if (tl_fd_remove(self, fd, TL_POLL_READ, NULL) < 0)
+                PyErr_WriteUnraisable((PyObject *)self);
+            if (tl_fd_remove(self, fd, TL_POLL_WRITE, NULL) < 0)
+                PyErr_WriteUnraisable((PyObject *)self);
             fileobj_forget(self, fd);
             tl_err_set_raised(exc);
             return NULL;

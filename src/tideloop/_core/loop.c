@@ -1164,9 +1164,9 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
     }
     Py_DECREF(old_hooks);
     if (exc != NULL) {
-        if (failed == 2)
-            PyErr_Clear();   /* the original exception wins */
-        tl_err_set_raised(exc);
+        /* As asyncio's `finally:`: an error of the cleanup replaces the
+         * one that ended the run, which becomes its __context__. */
+        tl_err_chain(exc);
         return NULL;
     }
     if (failed)
@@ -1730,6 +1730,11 @@ loop_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             m = PyType_GetModule(t);
             if (m != NULL)
                 break;
+            /* A heap type of another module (a subclass): look further. */
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) {
+                Py_DECREF(self);
+                return NULL;
+            }
             PyErr_Clear();
         }
     }

@@ -94,6 +94,9 @@ tl_recv_into_buffer(PyObject *buf, Py_buffer *view)
     if (PyObject_GetBuffer(buf, view, PyBUF_WRITABLE) == 0)
         return 0;
     /* Word it as socket.recv_into() would. */
+    if (!PyErr_ExceptionMatches(PyExc_TypeError) &&
+        !PyErr_ExceptionMatches(PyExc_BufferError))
+        return -1;
     PyErr_Clear();
     PyErr_Format(PyExc_TypeError,
                  "recv_into() argument 'buffer' must be read-write "
