@@ -143,6 +143,9 @@ fd_reserve(LoopObject *self, int fd)
 static int
 fd_apply(LoopObject *self, int fd, int mask, int oneshot)
 {
+    assert(fd >= 0 && (size_t)fd < self->fds_cap);
+    assert((mask & ~(TL_POLL_READ | TL_POLL_WRITE)) == 0);
+    assert(self->dirty_len <= self->dirty_cap);
     tl_fdentry *e = &self->fds[fd];
     oneshot = oneshot && mask;
     if (e->mask == mask && e->oneshot == oneshot)
@@ -236,6 +239,7 @@ fd_wanted(tl_fdentry *e)
 static inline tl_fdslot *
 fd_slot(tl_fdentry *e, int which)
 {
+    assert(which == TL_POLL_READ || which == TL_POLL_WRITE);
     return which == TL_POLL_READ ? &e->rd : &e->wr;
 }
 
@@ -246,9 +250,11 @@ slot_clear(tl_fdslot *s)
 {
     HandleObject *h = s->handle;
     tl_io_watcher *w = s->io;
+    assert(tl_fdslot_ok(s));
     s->handle = NULL;
     s->io = NULL;
     if (w != NULL) {
+        assert(Py_REFCNT(w->owner) > 1 || !w->queued);   /* the table's and the queue's */
         w->armed = 0;
         if (w->queued)
             w->stale = 1;
@@ -321,6 +327,7 @@ tl_fd_add_handle(LoopObject *self, int fd, int which, HandleObject *h,
     tl_fdslot old = *s;
     s->handle = (HandleObject *)Py_NewRef((PyObject *)h);
     s->io = NULL;
+    assert(tl_fdslot_ok(s));
     return slot_clear(&old);
 }
 
@@ -347,11 +354,13 @@ tl_fd_watch(LoopObject *self, int fd, int which, tl_io_watcher *w,
     }
     tl_fdslot *s = fd_slot(&self->fds[fd], which);
     tl_fdslot old = *s;
+    assert(old.io != w);   /* not armed: in no slot */
     s->handle = NULL;
     s->io = w;
     Py_XSETREF(w->context, ctx);
     w->armed = 1;
     Py_INCREF(w->owner);
+    assert(tl_fdslot_ok(s));
     return slot_clear(&old);
 }
 
@@ -395,6 +404,7 @@ tl_fd_remove(LoopObject *self, int fd, int which, int *removed)
 int
 tl_fd_dispatch(LoopObject *self, int fd, int mask)
 {
+    assert(fd >= 0 && (size_t)fd < self->fds_cap);
     tl_fdentry *e = &self->fds[fd];
     if (e->oneshot && e->mask) {
         /* The poller disarmed it after this event. */

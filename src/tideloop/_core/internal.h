@@ -378,9 +378,19 @@ typedef struct {
     tl_io_watcher *io;           /* the table holds a reference to its owner */
 } tl_fdslot;
 
+/* The slot's invariant: a Handle or an io watcher, not both; a watcher
+ * in the table is armed. */
+static inline int
+tl_fdslot_ok(const tl_fdslot *s)
+{
+    return !(s->handle != NULL && s->io != NULL) &&
+           (s->io == NULL || (s->io->armed && tl_io_watcher_ok(s->io)));
+}
+
 static inline int
 tl_fdslot_used(const tl_fdslot *s)
 {
+    assert(tl_fdslot_ok(s));
     return s->handle != NULL || s->io != NULL;
 }
 

@@ -237,6 +237,7 @@ inbox_begin_sleep(LoopObject *self)
 static int
 timer_push(LoopObject *self, HandleObject *h)
 {
+    assert(!h->scheduled && h->node.index == TL_HEAP_NOT_IN);
     h->node.seq = self->timer_seq++;
     if (tl_heap_push(&self->timers, &h->node) < 0) {
         Py_DECREF(h);
@@ -253,6 +254,7 @@ timers_clear(LoopObject *self)
     tl_heap_node *n;
     while ((n = tl_heap_pop(&self->timers)) != NULL) {
         HandleObject *h = HANDLE_OF_NODE(n);
+        assert(h->scheduled);   /* scheduled: in the heap, which holds h */
         h->scheduled = 0;
         Py_DECREF(h);
     }
@@ -477,6 +479,7 @@ run_item(LoopObject *self, tl_ready_item it, PyObject **held, tl_io_watcher **w,
         return run_handle_item(self, (HandleObject *)it, entered);
     }
     *held = (*w)->owner;
+    assert((*w)->queued);   /* its one item, this one */
     (*w)->queued = 0;
     return run_io_item(self, *w, entered);
 }
@@ -748,6 +751,7 @@ run_once(LoopObject *self)
                top->key < end_time) {
             tl_heap_pop(&self->timers);
             HandleObject *h = HANDLE_OF_NODE(top);
+            assert(h->scheduled && top->index == TL_HEAP_NOT_IN);
             h->scheduled = 0;
             tl_count(&health->timers_fired, 1);
             tl_hist_record(&health->lateness, (int64_t)((timer_now - top->key) * 1e9));
