@@ -1,6 +1,7 @@
 """Build the C core. Everything else lives in pyproject.toml.
 
-TIDELOOP_DEV=1 turns warnings into errors (development and CI builds);
+TIDELOOP_DEV=1 turns warnings into errors and compiles the core's assert()s
+in (development and CI builds; a release build has -DNDEBUG: none);
 TIDELOOP_SANITIZE=1 builds with ASan+UBSan (tools/sanitize.sh);
 TIDELOOP_SANITIZE=thread with ThreadSanitizer (tools/tsan.sh: only with an
 interpreter built with it, tools/build_python.sh --with-thread-sanitizer,
@@ -17,9 +18,14 @@ from setuptools import Extension, setup
 extra_compile_args = ["-std=c11", "-O2", "-Wall", "-Wextra", "-fvisibility=hidden",
                       "-Wno-missing-field-initializers", "-fno-strict-aliasing"]
 extra_link_args = []
+sanitize = os.environ.get("TIDELOOP_SANITIZE")
 if os.environ.get("TIDELOOP_DEV"):
     extra_compile_args.append("-Werror")
-sanitize = os.environ.get("TIDELOOP_SANITIZE")
+# The interpreter's own CFLAGS carry -DNDEBUG (a release CPython): the
+# invariants the core states with assert() are checked in development and
+# sanitizer builds only.
+extra_compile_args.append("-UNDEBUG" if os.environ.get("TIDELOOP_DEV") or sanitize
+                          else "-DNDEBUG")
 if sanitize:
     kinds = "thread" if sanitize == "thread" else "address,undefined"
     san = [f"-fsanitize={kinds}", "-fno-omit-frame-pointer", "-O1", "-g"]

@@ -26,6 +26,7 @@ find src -name '*.so' -delete
 TIDELOOP_SANITIZE=1 TIDELOOP_DEV=1 "$PY" setup.py -q build_ext --inplace
 nm -D src/tideloop/_core*.so > symbols.txt
 grep -q __asan_ symbols.txt || { echo "not an ASan build"; exit 1; }
+grep -q __assert_fail symbols.txt || { echo "the core's assert()s are not compiled in"; exit 1; }
 
 export LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
 export PYTHONMALLOC=malloc

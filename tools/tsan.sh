@@ -73,6 +73,7 @@ TIDELOOP_SANITIZE=thread TIDELOOP_DEV=1 "$VPY" setup.py -q build_ext --inplace >
     { cat "$OUT/build.log"; echo "tsan: the extension does not build"; exit 1; }
 # (grep -c reads it all: grep -q would stop nm with SIGPIPE, a failure under pipefail)
 nm -D src/tideloop/_core*.so | grep -c __tsan_ >/dev/null || { echo "tsan: not a TSan build"; exit 1; }
+nm -D src/tideloop/_core*.so | grep -c __assert_fail >/dev/null || { echo "tsan: the core's assert()s are not compiled in"; exit 1; }
 done_ "$(ls src/tideloop/_core*.so | xargs -n1 basename)"
 
 # One pytest process per target: a crash (expected while the core is not

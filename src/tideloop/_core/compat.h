@@ -150,6 +150,26 @@ tl_err_set_raised(PyObject *exc)
 }
 #endif
 
+/* As a raise in Python's `finally:`: the exception raised now (if any)
+ * replaces `context` (a reference, stolen), which becomes its __context__;
+ * with none raised, `context` is raised again. */
+static inline void
+tl_err_chain(PyObject *context)
+{
+    if (context == NULL)
+        return;
+    PyObject *exc = tl_err_get_raised();
+    if (exc == NULL) {
+        tl_err_set_raised(context);
+        return;
+    }
+    if (exc != context)
+        PyException_SetContext(exc, context);   /* steals context */
+    else
+        Py_DECREF(context);
+    tl_err_set_raised(exc);
+}
+
 /* -- Context snapshots: the Context object layout and the thread state's
  * context/context_ver fields (see handle.c).  3.11-3.15 share the layout;
  * it is verified at import and the plain copy is used otherwise (and on

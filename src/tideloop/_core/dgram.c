@@ -62,8 +62,18 @@ source_address(TransportObject *self, struct sockaddr_storage *sa,
 }
 
 /* Convert a destination in C when it is one of the common, unambiguous
- * forms: 1 when converted, 0 when it is left to socket.sendto() (never
- * fails). */
+ * forms: 1 when converted, 0 when it is left to socket.sendto() (which
+ * words the errors of an address it refuses), -1 on another error (no
+ * memory). */
+static int
+left_to_socket(PyObject *refused)
+{
+    if (!PyErr_ExceptionMatches(refused))
+        return -1;
+    PyErr_Clear();
+    return 0;
+}
+
 static int
 dest_address(TransportObject *self, PyObject *addr,
              struct sockaddr_storage *sa, socklen_t *len)
@@ -79,10 +89,8 @@ dest_address(TransportObject *self, PyObject *addr,
             return 0;
         Py_ssize_t n;
         const char *path = PyUnicode_AsUTF8AndSize(addr, &n);
-        if (path == NULL) {
-            PyErr_Clear();
-            return 0;
-        }
+        if (path == NULL)
+            return left_to_socket(PyExc_UnicodeEncodeError);
         struct sockaddr_un *un = (struct sockaddr_un *)sa;
         if (n == 0 || path[0] == '\0' || (size_t)n >= sizeof(un->sun_path))
             return 0;
@@ -97,15 +105,13 @@ dest_address(TransportObject *self, PyObject *addr,
     if (!PyUnicode_Check(host) || !PyLong_CheckExact(port))
         return 0;
     long p = PyLong_AsLong(port);
-    if (p < 0 || p > 65535) {
-        PyErr_Clear();
+    if (p == -1 && PyErr_Occurred())
+        return left_to_socket(PyExc_OverflowError);
+    if (p < 0 || p > 65535)
         return 0;
-    }
     const char *h = PyUnicode_AsUTF8(host);
-    if (h == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
+    if (h == NULL)
+        return left_to_socket(PyExc_UnicodeEncodeError);
     if (self->family == AF_INET) {
         struct sockaddr_in *in = (struct sockaddr_in *)sa;
         if (inet_pton(AF_INET, h, &in->sin_addr) != 1)
@@ -156,7 +162,10 @@ send_one(TransportObject *self, PyObject *obj, const char *data,
     else {
         struct sockaddr_storage sa;
         socklen_t salen;
-        if (!dest_address(self, addr, &sa, &salen))
+        int converted = dest_address(self, addr, &sa, &salen);
+        if (converted < 0)
+            return -1;
+        if (converted == 0)
             goto via_socket;
         do {
             n = sendto(self->fd, data, (size_t)len, MSG_NOSIGNAL,

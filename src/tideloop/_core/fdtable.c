@@ -76,8 +76,14 @@ fileobj_forget(LoopObject *self, int fd)
     if (self->fileobjs == NULL)
         return;
     PyObject *key = PyLong_FromLong(fd);
-    if (key == NULL || PyDict_DelItem(self->fileobjs, key) < 0)
-        PyErr_Clear();
+    if (key == NULL || PyDict_DelItem(self->fileobjs, key) < 0) {
+        /* An fd registered with an int has no entry; nothing else may be
+         * lost silently (callers cannot fail: reported). */
+        if (key != NULL && PyErr_ExceptionMatches(PyExc_KeyError))
+            PyErr_Clear();
+        else
+            PyErr_WriteUnraisable((PyObject *)self);
+    }
     Py_XDECREF(key);
 }
 
@@ -137,6 +143,9 @@ fd_reserve(LoopObject *self, int fd)
 static int
 fd_apply(LoopObject *self, int fd, int mask, int oneshot)
 {
+    assert(fd >= 0 && (size_t)fd < self->fds_cap);
+    assert((mask & ~(TL_POLL_READ | TL_POLL_WRITE)) == 0);
+    assert(self->dirty_len <= self->dirty_cap);
     tl_fdentry *e = &self->fds[fd];
     oneshot = oneshot && mask;
     if (e->mask == mask && e->oneshot == oneshot)
@@ -230,6 +239,7 @@ fd_wanted(tl_fdentry *e)
 static inline tl_fdslot *
 fd_slot(tl_fdentry *e, int which)
 {
+    assert(which == TL_POLL_READ || which == TL_POLL_WRITE);
     return which == TL_POLL_READ ? &e->rd : &e->wr;
 }
 
@@ -240,9 +250,11 @@ slot_clear(tl_fdslot *s)
 {
     HandleObject *h = s->handle;
     tl_io_watcher *w = s->io;
+    assert(tl_fdslot_ok(s));
     s->handle = NULL;
     s->io = NULL;
     if (w != NULL) {
+        assert(Py_REFCNT(w->owner) > 1 || !w->queued);   /* the table's and the queue's */
         w->armed = 0;
         if (w->queued)
             w->stale = 1;
@@ -315,6 +327,7 @@ tl_fd_add_handle(LoopObject *self, int fd, int which, HandleObject *h,
     tl_fdslot old = *s;
     s->handle = (HandleObject *)Py_NewRef((PyObject *)h);
     s->io = NULL;
+    assert(tl_fdslot_ok(s));
     return slot_clear(&old);
 }
 
@@ -341,11 +354,13 @@ tl_fd_watch(LoopObject *self, int fd, int which, tl_io_watcher *w,
     }
     tl_fdslot *s = fd_slot(&self->fds[fd], which);
     tl_fdslot old = *s;
+    assert(old.io != w);   /* not armed: in no slot */
     s->handle = NULL;
     s->io = w;
     Py_XSETREF(w->context, ctx);
     w->armed = 1;
     Py_INCREF(w->owner);
+    assert(tl_fdslot_ok(s));
     return slot_clear(&old);
 }
 
@@ -368,6 +383,10 @@ tl_fd_remove(LoopObject *self, int fd, int which, int *removed)
     s->handle = NULL;
     s->io = NULL;
     if (fd_set_mask(self, fd, e->mask & fd_wanted(e)) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_OSError)) {
+            *s = old;   /* no memory: nothing removed */
+            return -1;
+        }
         /* The kernel forgot the fd already (closed); keep our table honest. */
         PyErr_Clear();
         if (e->mask)
@@ -385,6 +404,7 @@ tl_fd_remove(LoopObject *self, int fd, int which, int *removed)
 int
 tl_fd_dispatch(LoopObject *self, int fd, int mask)
 {
+    assert(fd >= 0 && (size_t)fd < self->fds_cap);
     tl_fdentry *e = &self->fds[fd];
     if (e->oneshot && e->mask) {
         /* The poller disarmed it after this event. */
@@ -408,9 +428,15 @@ tl_fd_dispatch(LoopObject *self, int fd, int mask)
             if (h->cancelled) {
                 /* Cancelled by its owner without remove_reader(). */
                 s->handle = NULL;
-                if (fd_set_mask(self, fd, e->mask & fd_wanted(e)) < 0)
-                    PyErr_Clear();
+                int rc = fd_set_mask(self, fd, e->mask & fd_wanted(e));
                 Py_DECREF(h);
+                if (rc < 0) {
+                    /* An fd closed under its registration: the kernel
+                     * forgot it.  Any other error (no memory) is raised. */
+                    if (!PyErr_ExceptionMatches(PyExc_OSError))
+                        return -1;
+                    PyErr_Clear();
+                }
             }
             else if (tl_ready_push(&self->ready,
                                    Py_NewRef((PyObject *)h)) < 0) {
@@ -427,9 +453,11 @@ tl_fd_clear_all(LoopObject *self)
 {
     Py_CLEAR(self->fileobjs);
     for (size_t fd = 0; fd < self->fds_cap; fd++) {
-        if (slot_clear(&self->fds[fd].rd) < 0 ||
-            slot_clear(&self->fds[fd].wr) < 0)
-            PyErr_Clear();
+        /* (an error of a Handle's cancel() cannot propagate from here) */
+        if (slot_clear(&self->fds[fd].rd) < 0)
+            PyErr_WriteUnraisable((PyObject *)self);
+        if (slot_clear(&self->fds[fd].wr) < 0)
+            PyErr_WriteUnraisable((PyObject *)self);
     }
 }
 
@@ -570,6 +598,7 @@ remove_io(LoopObject *self, PyObject *fileobj, int which, int public)
          * the object itself (the selector's _fileobj_lookup). */
         if (!(gone || (!public && PyErr_ExceptionMatches(PyExc_ValueError))))
             return NULL;
+        assert(PyErr_ExceptionMatches(PyExc_ValueError));   /* the one cleared */
         if (self->closed) {
             PyErr_Clear();
             Py_RETURN_FALSE;
@@ -586,9 +615,11 @@ remove_io(LoopObject *self, PyObject *fileobj, int which, int public)
             tl_poller_modify(self->poller, fd, fd_wanted(e) & ~which) < 0) {
             PyErr_SetFromErrno(PyExc_OSError);
             PyObject *exc = tl_err_get_raised();
-            if (tl_fd_remove(self, fd, TL_POLL_READ, NULL) < 0 ||
-                tl_fd_remove(self, fd, TL_POLL_WRITE, NULL) < 0)
-                PyErr_Clear();
+            /* (the poller's error is the one raised: others are reported) */
+            if (tl_fd_remove(self, fd, TL_POLL_READ, NULL) < 0)
+                PyErr_WriteUnraisable((PyObject *)self);
+            if (tl_fd_remove(self, fd, TL_POLL_WRITE, NULL) < 0)
+                PyErr_WriteUnraisable((PyObject *)self);
             fileobj_forget(self, fd);
             tl_err_set_raised(exc);
             return NULL;

@@ -535,6 +535,7 @@ tl_io_run(LoopObject *loop, tl_io_watcher *w, int *entered)
 {
     /* Ours for the call: the callback may re-arm w with a new context.
      * (A watcher runs only while armed, so it has one: run_io_item.) */
+    assert(w->armed && !w->stale && w->context != NULL);
     PyObject *ctx = Py_NewRef(w->context);
     int rc = -1;
     if (PyContext_Enter(ctx) == 0) {
@@ -658,7 +659,9 @@ tl_handle_cancel(HandleObject *h)
         return 0;
     if (h->scheduled) {
         /* Out of the loop's heap; its reference goes (the caller has one). */
+        assert(h->node.index != TL_HEAP_NOT_IN);
         tl_heap_remove(&h->loop->timers, &h->node);
+        assert(Py_REFCNT(h) > 1);   /* the heap's and the caller's */
         h->scheduled = 0;
         Py_DECREF(h);
     }

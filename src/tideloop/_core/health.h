@@ -21,6 +21,15 @@ tl_now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* The same in seconds, as a double: loop.time(). */
+static inline double
+tl_monotonic(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* A cheaper clock for timing every callback: the CPU's time-stamp counter
  * (one instruction, against clock_gettime's ~50), in ticks that the loop
  * converts with a ratio it measures against tl_now_ns() (see

@@ -1,5 +1,6 @@
 #include "heap.h"
 
+#include <assert.h>
 #include <stdlib.h>
 
 static inline int
@@ -10,9 +11,17 @@ node_less(const tl_heap_node *a, const tl_heap_node *b)
     return a->seq < b->seq;
 }
 
+/* Each node in the heap knows its index (what remove() relies on). */
+static inline int
+node_at(const tl_heap *h, size_t i, const tl_heap_node *n)
+{
+    return i < h->len && h->nodes[i] == n && n->index == i;
+}
+
 static inline void
 place(tl_heap *h, size_t i, tl_heap_node *n)
 {
+    assert(i < h->len);
     h->nodes[i] = n;
     n->index = i;
 }
@@ -57,6 +66,7 @@ sift_down(tl_heap *h, size_t i)
 int
 tl_heap_push(tl_heap *h, tl_heap_node *n)
 {
+    assert(n->index == TL_HEAP_NOT_IN);   /* in one heap at most, once */
     if (h->len == h->cap) {
         size_t cap = h->cap ? h->cap * 2 : 64;
         tl_heap_node **nodes = realloc(h->nodes, cap * sizeof(*nodes));
@@ -69,6 +79,7 @@ tl_heap_push(tl_heap *h, tl_heap_node *n)
     n->index = h->len;
     __atomic_store_n(&h->len, h->len + 1, __ATOMIC_RELAXED);   /* read by diagnostics */
     sift_up(h, h->len - 1);
+    assert(node_at(h, n->index, n));
     return 0;
 }
 
@@ -76,6 +87,9 @@ void
 tl_heap_remove(tl_heap *h, tl_heap_node *n)
 {
     size_t i = n->index;
+    /* Out of the heap (popped, cancelled twice): nothing to do.  An index
+     * that points elsewhere would be a corrupt heap. */
+    assert(i == TL_HEAP_NOT_IN || node_at(h, i, n));
     if (i == TL_HEAP_NOT_IN || i >= h->len || h->nodes[i] != n)
         return;
     n->index = TL_HEAP_NOT_IN;
@@ -96,7 +110,10 @@ tl_heap_pop(tl_heap *h)
     if (h->len == 0)
         return NULL;
     tl_heap_node *top = h->nodes[0];
+    assert(node_at(h, 0, top));
     tl_heap_remove(h, top);
+    assert(top->index == TL_HEAP_NOT_IN);
+    assert(h->len == 0 || node_at(h, 0, h->nodes[0]));
     return top;
 }
 

@@ -378,9 +378,19 @@ typedef struct {
     tl_io_watcher *io;           /* the table holds a reference to its owner */
 } tl_fdslot;
 
+/* The slot's invariant: a Handle or an io watcher, not both; a watcher
+ * in the table is armed. */
+static inline int
+tl_fdslot_ok(const tl_fdslot *s)
+{
+    return !(s->handle != NULL && s->io != NULL) &&
+           (s->io == NULL || (s->io->armed && tl_io_watcher_ok(s->io)));
+}
+
 static inline int
 tl_fdslot_used(const tl_fdslot *s)
 {
+    assert(tl_fdslot_ok(s));
     return s->handle != NULL || s->io != NULL;
 }
 
@@ -471,6 +481,36 @@ tl_health_start_timing(tl_health *h)
     h->tick_ns_fixed = 0;
     h->cal_ns = tl_now_ns();
     h->cal_ticks = tl_ticks();
+}
+
+/* What an iteration records (loop.c run_once), one call per fact. */
+static inline void
+tl_health_slept(tl_health *h, int64_t ns)           /* a blocking poll */
+{
+    tl_hist_record(&h->poll, ns);
+    tl_count(&h->poll_ns, (uint64_t)ns);
+}
+
+static inline void
+tl_health_timer_fired(tl_health *h, double late_s)  /* a timer queued */
+{
+    tl_count(&h->timers_fired, 1);
+    tl_hist_record(&h->lateness, (int64_t)(late_s * 1e9));
+}
+
+static inline void
+tl_health_batch_lag(tl_health *h, size_t ntodo, int64_t start_ns,
+                    int64_t first_ns)               /* a batch starts */
+{
+    if (ntodo && first_ns != 0)
+        tl_hist_record(&h->lag, start_ns - first_ns);
+}
+
+static inline void
+tl_health_ran(tl_health *h, int64_t ns)             /* an iteration's work */
+{
+    tl_hist_record(&h->iteration, ns);
+    tl_count(&h->run_ns, (uint64_t)ns);
 }
 
 struct LoopObject {
@@ -658,6 +698,9 @@ int tl_io_run(LoopObject *loop, tl_io_watcher *w, int *entered);
 /* A Handle standing for a watcher (debug mode, reports, _selector): it
  * calls the owner's method of that name in the watcher's context. */
 HandleObject *tl_io_make_handle(LoopObject *loop, tl_io_watcher *w);
+/* timing.c: the ready batch with each callback timed (diagnostics). */
+int tl_run_batch_timed(LoopObject *loop, size_t ntodo, int64_t start_ns, int *entered);
+void tl_calibrate_ticks(tl_health *health, int64_t now_ns);
 
 /* fdtable.c: fd registrations. */
 int tl_fd_from_object(PyObject *fileobj);   /* the fd, or -1 with an error */
@@ -698,7 +741,6 @@ PyObject *tl_loop_create_future(LoopObject *loop);
 /* loop.call_exception_handler({message, exception, **pairs}); pairs are
  * (const char *key, PyObject *value) ending with NULL. */
 int tl_loop_report(LoopObject *loop, const char *message, PyObject *exc, ...);
-double tl_monotonic(void);
 
 /* transport.c, stream.c, listener.c, dgram.c, pipe.c: see transport.h. */
 /* sockops.c: sock_recv, sock_recv_into, sock_sendall, sock_accept. */

@@ -9,7 +9,7 @@
  *
  * May call: fdtable.c, handle.c, recvbuf.c, heap, poller. */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "batch.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -26,14 +26,6 @@
 
 #define HANDLE_OF_NODE(n) \
     ((HandleObject *)((char *)(n) - offsetof(HandleObject, node)))
-
-double
-tl_monotonic(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- checks shared by the public methods ---- */
 
@@ -237,6 +229,7 @@ inbox_begin_sleep(LoopObject *self)
 static int
 timer_push(LoopObject *self, HandleObject *h)
 {
+    assert(!h->scheduled && h->node.index == TL_HEAP_NOT_IN);
     h->node.seq = self->timer_seq++;
     if (tl_heap_push(&self->timers, &h->node) < 0) {
         Py_DECREF(h);
@@ -253,6 +246,7 @@ timers_clear(LoopObject *self)
     tl_heap_node *n;
     while ((n = tl_heap_pop(&self->timers)) != NULL) {
         HandleObject *h = HANDLE_OF_NODE(n);
+        assert(h->scheduled);   /* scheduled: in the heap, which holds h */
         h->scheduled = 0;
         Py_DECREF(h);
     }
@@ -370,127 +364,6 @@ dispatch_events(LoopObject *self, int n)
     return 0;
 }
 
-static int
-run_ready_debug(LoopObject *self, HandleObject *h)
-{
-    tl_state *st = self->state;
-    Py_XSETREF(self->current_handle, Py_NewRef((PyObject *)h));
-    double t0 = tl_monotonic();
-    int rc = tl_handle_run(h);
-    double dt = tl_monotonic() - t0;
-    Py_CLEAR(self->current_handle);
-    if (rc < 0)
-        return -1;
-    if (dt >= self->slow_callback_duration) {
-        tl_count(&self->health.slow_callbacks, 1);
-        PyObject *desc = PyObject_CallOneArg(st->format_handle, (PyObject *)h);
-        if (desc == NULL)
-            return -1;
-        PyObject *r = PyObject_CallMethod(st->logger, "warning", "sOd",
-                                          "Executing %s took %.3f seconds",
-                                          desc, dt);
-        Py_DECREF(desc);
-        if (r == NULL)
-            return -1;
-        Py_DECREF(r);
-    }
-    return 0;
-}
-
-/* Take the loop's threadsafe_lock for a handle whose cancel() may come from
- * another thread (see handle.c); only the loop thread holds it for long,
- * other threads just pass through it, so the first try nearly always
- * succeeds. */
-static void
-lock_threadsafe(LoopObject *loop)
-{
-    if (!PyThread_acquire_lock(loop->threadsafe_lock, NOWAIT_LOCK)) {
-        Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(loop->threadsafe_lock, WAIT_LOCK);
-        Py_END_ALLOW_THREADS
-    }
-}
-
-/* Inlined in both batch loops: call_soon's cost is mostly this path. */
-static inline __attribute__((always_inline)) int
-run_handle_item(LoopObject *self, HandleObject *h, int *entered)
-{
-    /* 3.14's _ThreadSafeHandle everywhere; on free-threaded builds every
-     * handle call_soon_threadsafe() made (its cancel() may race the run). */
-    int locked = Py_IS_TYPE(h, self->state->ThreadSafeHandleType) ||
-                 (TL_FREE_THREADED && h->threadsafe);
-    if (locked)
-        lock_threadsafe(self);
-    int rc = 0;
-    if (tl_handle_cancelled(h)) {
-        /* Cancelled by another thread, which left the callback to us. */
-        if (TL_FREE_THREADED && h->callback != NULL)
-            tl_handle_drop_call(h);
-        goto done;
-    }
-    tl_count(&self->health.callbacks, 1);
-    if (self->debug) {
-        tl_batch_exit(self, entered);
-        rc = run_ready_debug(self, h);
-    }
-    else {
-        rc = tl_handle_run_batched(h, entered);
-    }
-done:
-    if (locked)
-        PyThread_release_lock(self->threadsafe_lock);
-    return rc;
-}
-
-/* A transport's or listener's C reader/writer.  In debug mode it runs as a
- * Handle would (current handle, slow-callback report).  Kept out of line:
- * the loop over Handles below is the hot one (call_soon's cost). */
-static int __attribute__((noinline))
-run_io_item(LoopObject *self, tl_io_watcher *w, int *entered)
-{
-    /* Disarmed after its event was queued (stale), or queued while not
-     * armed (a datagram transport resumed after its socket closed): asyncio
-     * would find no reader Handle to run. */
-    if (w->stale || !w->armed)
-        return 0;
-    tl_count(&self->health.callbacks, 1);
-    if (!self->debug)
-        return tl_io_run(self, w, entered);
-    tl_batch_exit(self, entered);
-    HandleObject *h = tl_io_make_handle(self, w);
-    if (h == NULL)
-        return -1;
-    int rc = run_ready_debug(self, h);
-    Py_DECREF(h);
-    return rc;
-}
-
-/* The item's run; *held: the reference the queue held (the caller drops
- * it), *w: its io watcher or NULL. */
-static inline __attribute__((always_inline)) int
-run_item(LoopObject *self, tl_ready_item it, PyObject **held, tl_io_watcher **w,
-         int *entered)
-{
-    *w = tl_ready_io(it);
-    if (__builtin_expect(*w == NULL, 1)) {
-        *held = (PyObject *)it;
-        return run_handle_item(self, (HandleObject *)it, entered);
-    }
-    *held = (*w)->owner;
-    (*w)->queued = 0;
-    return run_io_item(self, *w, entered);
-}
-
-/* After an item ran: the stall the watchdog caught in it, if any. */
-static inline __attribute__((always_inline)) int
-after_item(LoopObject *self, int rc, PyObject *held, tl_io_watcher *w)
-{
-    if (__builtin_expect(__atomic_load_n(&self->stall_flag, __ATOMIC_ACQUIRE), 0) && rc == 0)
-        rc = tl_stall_report(self, held, w != NULL ? w->name : NULL);
-    Py_DECREF(held);
-    return rc;
-}
-
 /* The batch: the ntodo callbacks that were ready when it began. */
 static int
 run_batch(LoopObject *self, size_t ntodo, int *entered)
@@ -503,114 +376,6 @@ run_batch(LoopObject *self, size_t ntodo, int *entered)
             return -1;
     }
     return 0;
-}
-
-/* Could the callback be a Task's step or wakeup (tl_task_of_step)?  No
- * for a plain function and for a method (Python or builtin) of the last
- * type found not to be a Task: the common callbacks, told apart here in a
- * few loads. */
-static inline int
-maybe_task_step(LoopObject *loop, PyObject *callback)
-{
-    if (callback == NULL)           /* cancelled */
-        return 0;
-    PyTypeObject *tp = Py_TYPE(callback);
-    PyObject *self;
-    if (tp == &PyMethod_Type)
-        self = PyMethod_GET_SELF(callback);
-    else if (tp == &PyCFunction_Type)
-        self = PyCFunction_GET_SELF(callback);
-    else
-        return tp != &PyFunction_Type;
-    return self == NULL || (PyObject *)Py_TYPE(self) != loop->not_task_type;
-}
-
-/* The batch with each callback timed (callback timing or a slow-callback
- * threshold on; tideloop.diagnostics): the "callback" histogram, and the
- * report of a slow one -- a Task's step with where it started. */
-static int
-run_batch_timed(LoopObject *self, size_t ntodo, int64_t start_ns, int *entered)
-{
-    tl_health *health = &self->health;
-    /* ns = ticks * ns_per_tick, in 32.32 fixed point (0: not measured yet,
-     * the clock is read instead) */
-    uint64_t tick_ns = health->tick_ns_fixed;
-    uint64_t start_ticks = tick_ns ? tl_ticks() : 0;
-    int64_t slow_ns = health->slow_ns;      /* a change counts from the next batch */
-    int64_t batch_ns = start_ns;
-    for (size_t i = 0; i < ntodo && self->ready.len; i++) {
-        tl_ready_item it = tl_ready_pop(&self->ready);
-        uint64_t ran_before = health->callbacks;
-        PyObject *task = NULL, *task_where = NULL;
-        size_t queued_before = 0;
-        if ((slow_ns || self->tasks != NULL) && tl_ready_io(it) == NULL &&
-            maybe_task_step(self, ((HandleObject *)it)->callback) &&
-            (task = tl_task_of_step(self, ((HandleObject *)it)->callback)) != NULL) {
-            if (slow_ns)
-                task_where = tl_task_where(self->state, task);
-            self->eager_ns = 0;
-            queued_before = self->ready.len;
-        }
-        PyObject *held;
-        tl_io_watcher *w;
-        int rc = run_item(self, it, &held, &w, entered);
-        int64_t took;
-        if (tick_ns) {
-            uint64_t t = tl_ticks();
-            took = (int64_t)(((unsigned __int128)(t - start_ticks) * tick_ns) >> 32);
-            start_ticks = t;
-        }
-        else {
-            int64_t t = tl_now_ns();
-            took = t - start_ns;
-            start_ns = t;
-        }
-        /* A report (Python code, and a stall's wait for the watchdog) is
-         * no part of the next callback's time: the clock restarts after. */
-        int reporting = __atomic_load_n(&self->stall_flag, __ATOMIC_ACQUIRE);
-        if (health->callbacks != ran_before) {      /* not a cancelled one */
-            tl_hist_record(&health->callback, took);
-            if (task != NULL && self->tasks != NULL)
-                tl_tasks_step_done(self, task, took, batch_ns,
-                                   self->ready.len - queued_before);
-            if (slow_ns && took >= slow_ns && rc == 0) {
-                reporting = 1;
-                rc = tl_slow_report(self, held, w != NULL ? w->name : NULL, took, task,
-                                    task_where);
-            }
-        }
-        Py_XDECREF(task);
-        Py_XDECREF(task_where);
-        if (after_item(self, rc, held, w) < 0)
-            return -1;
-        if (reporting) {
-            if (tick_ns)
-                start_ticks = tl_ticks();
-            else
-                start_ns = tl_now_ns();
-        }
-    }
-    return 0;
-}
-
-/* ns per tl_ticks() tick, from the monotonic clock and the ticks since
- * timing was turned on: measured once 50 ms have passed (below that a
- * microsecond of error would be 2e-5), refined each second after. */
-static void
-calibrate_ticks(tl_health *health, int64_t now_ns)
-{
-    int64_t since = now_ns - health->cal_ns;
-    if (since < 50000000 || (health->ns_per_tick > 0 && since < 1000000000))
-        return;
-    uint64_t ticks = tl_ticks() - health->cal_ticks;
-    if (ticks > 0) {
-        health->ns_per_tick = (double)since / (double)ticks;
-        health->tick_ns_fixed = (uint64_t)(health->ns_per_tick * 4294967296.0);
-    }
-    if (since >= 1000000000) {      /* a new base: follows a changing rate */
-        health->cal_ns = now_ns;
-        health->cal_ticks = tl_ticks();
-    }
 }
 
 /* The time the loop's timers are measured against: the C clock, or the
@@ -642,39 +407,45 @@ loop_setattro(LoopObject *self, PyObject *name, PyObject *value)
     return 0;
 }
 
-static int
-run_once(LoopObject *self)
-{
-    int64_t timeout_ns = -1;
-    tl_health *health = &self->health;
-    tl_count(&health->iterations, 1);
-    if (inbox_waiting(self) && inbox_drain(self) < 0)
-        return -1;
-    if (self->ready.len || TL_ATOMIC_GET(&self->stopping)) {
-        timeout_ns = 0;
-    }
-    else {
-        tl_heap_node *top = tl_heap_top(&self->timers);
-        if (top != NULL) {
-            double now;
-            if (loop_clock(self, &now) < 0)
-                return -1;
-            double t = top->key - now;
-            if (!(t > 0))
-                timeout_ns = 0;
-            else if (t > MAXIMUM_SELECT_TIMEOUT)
-                timeout_ns = (int64_t)(MAXIMUM_SELECT_TIMEOUT * 1e9);
-            else
-                timeout_ns = (int64_t)ceil(t * 1e9);
-        }
-    }
-    if (ensure_events_buffer(self) < 0)
-        return -1;
+/* One iteration, in phases (asyncio's _run_once, libuv's uv_run): the poll
+ * timeout, the poll and what it woke, the expired timers, the ready
+ * callbacks.  The phases are inlined: run_once is the loop's hot path. */
+#define TL_PHASE static inline __attribute__((always_inline))
 
-    if (self->dirty_len)
-        tl_fd_flush_dirty(self);
+/* Phase 1: how long the poll may wait (0: something is ready or stopping;
+ * -1: no timer, wait for I/O). */
+TL_PHASE int
+compute_timeout(LoopObject *self, int64_t *timeout_ns)
+{
+    *timeout_ns = -1;
+    if (self->ready.len || TL_ATOMIC_GET(&self->stopping)) {
+        *timeout_ns = 0;
+        return 0;
+    }
+    tl_heap_node *top = tl_heap_top(&self->timers);
+    if (top == NULL)
+        return 0;
+    double now;                         /* the phase's clock read */
+    if (loop_clock(self, &now) < 0)
+        return -1;
+    double t = top->key - now;
+    if (!(t > 0))
+        *timeout_ns = 0;
+    else if (t > MAXIMUM_SELECT_TIMEOUT)
+        *timeout_ns = (int64_t)(MAXIMUM_SELECT_TIMEOUT * 1e9);
+    else
+        *timeout_ns = (int64_t)ceil(t * 1e9);
+    return 0;
+}
+
+/* The poll itself: the number of events, or -1 with an exception set;
+ * *woke_ns: when it returned. */
+TL_PHASE int
+poll_events(LoopObject *self, int64_t timeout_ns, int64_t *woke_ns)
+{
+    tl_health *health = &self->health;
     int n;
-    int64_t woke_ns = 0;        /* when the poll returned */
+    *woke_ns = 0;
     if (timeout_ns == 0 && self->fds_registered == self->fds_internal &&
         self->signal_rfd < 0) {
         /* Callbacks are ready and no fd but our wakeup eventfd is watched:
@@ -701,12 +472,11 @@ run_once(LoopObject *self)
                            timeout_ns);
         Py_END_ALLOW_THREADS
         TL_ATOMIC_SET(&self->sleeping, 0);
-        woke_ns = tl_now_ns();
-        tl_hist_record(&health->poll, woke_ns - t0);
-        tl_count(&health->poll_ns, (uint64_t)(woke_ns - t0));
+        *woke_ns = tl_now_ns();
+        tl_health_slept(health, *woke_ns - t0);
     }
-    if (woke_ns == 0)
-        woke_ns = tl_now_ns();
+    if (*woke_ns == 0)
+        *woke_ns = tl_now_ns();
     if (n < 0) {
         if (errno != EINTR) {
             PyErr_SetFromErrno(PyExc_OSError);
@@ -717,61 +487,101 @@ run_once(LoopObject *self)
             return -1;
         n = 0;
     }
+    return n;
+}
+
+/* Phase 2: poll, and queue what it woke (and what other threads sent). */
+TL_PHASE int
+poll_phase(LoopObject *self, int64_t timeout_ns, int64_t *woke_ns)
+{
+    if (ensure_events_buffer(self) < 0)
+        return -1;
+    if (self->dirty_len)
+        tl_fd_flush_dirty(self);
+    int n = poll_events(self, timeout_ns, woke_ns);
+    if (n < 0)
+        return -1;
     /* The I/O callbacks queued now were ready when the poll returned:
      * their wait counts from then, without another clock read. */
     if (n > 0 && self->ready.first_ns == 0)
-        self->ready.first_ns = woke_ns;
+        self->ready.first_ns = *woke_ns;
     if (n > 0 && dispatch_events(self, n) < 0)
         return -1;
     if (inbox_waiting(self) && inbox_drain(self) < 0)
         return -1;
+    return 0;
+}
 
-    /* Expired timers, in deadline order (ties in scheduling order). */
-    int64_t start_ns = woke_ns;     /* of the batch, then of each callback */
-    if (self->timers.len) {
-        double now = tl_monotonic();
-        start_ns = (int64_t)(now * 1e9);
-        double timer_now = now;
-        if (self->time_overridden && loop_clock(self, &timer_now) < 0)
-            return -1;
-        double step = self->clock_resolution;
-        if (self->state->timer_end_ulp) {
-            /* 3.15: end_time strictly after now even where the clock's
-             * resolution is below a double's spacing (a long uptime). */
-            double ulp = nextafter(timer_now, INFINITY) - timer_now;
-            if (ulp > step)
-                step = ulp;
-        }
-        double end_time = timer_now + step;
-        tl_heap_node *top;
-        while ((top = tl_heap_top(&self->timers)) != NULL &&
-               top->key < end_time) {
-            tl_heap_pop(&self->timers);
-            HandleObject *h = HANDLE_OF_NODE(top);
-            h->scheduled = 0;
-            tl_count(&health->timers_fired, 1);
-            tl_hist_record(&health->lateness, (int64_t)((timer_now - top->key) * 1e9));
-            if (ready_push(self, h) < 0)   /* the heap's reference moves */
-                return -1;
-        }
+/* Phase 3: the expired timers queued, in deadline order (ties in
+ * scheduling order).  *start_ns: when the batch starts (the phase's clock
+ * read, or the poll's return when there is no timer). */
+TL_PHASE int
+expire_timers(LoopObject *self, int64_t woke_ns, int64_t *start_ns)
+{
+    *start_ns = woke_ns;
+    if (self->timers.len == 0)
+        return 0;
+    double now = tl_monotonic();
+    *start_ns = (int64_t)(now * 1e9);
+    double timer_now = now;
+    if (self->time_overridden && loop_clock(self, &timer_now) < 0)
+        return -1;
+    double step = self->clock_resolution;
+    if (self->state->timer_end_ulp) {
+        /* 3.15: end_time strictly after now even where the clock's
+         * resolution is below a double's spacing (a long uptime). */
+        double ulp = nextafter(timer_now, INFINITY) - timer_now;
+        if (ulp > step)
+            step = ulp;
     }
+    double end_time = timer_now + step;
+    tl_heap_node *top;
+    while ((top = tl_heap_top(&self->timers)) != NULL && top->key < end_time) {
+        tl_heap_pop(&self->timers);
+        HandleObject *h = HANDLE_OF_NODE(top);
+        assert(h->scheduled && top->index == TL_HEAP_NOT_IN);
+        h->scheduled = 0;
+        tl_health_timer_fired(&self->health, timer_now - top->key);
+        if (ready_push(self, h) < 0)   /* the heap's reference moves */
+            return -1;
+    }
+    return 0;
+}
 
-    /* Only what was ready now: callbacks scheduled from here wait. */
+/* Phase 4: the callbacks that were ready now (those they schedule wait
+ * for the next iteration). */
+TL_PHASE int
+run_ready(LoopObject *self, int64_t woke_ns, int64_t start_ns)
+{
+    tl_health *health = &self->health;
     size_t ntodo = self->ready.len;
-    if (ntodo && self->ready.first_ns != 0)
-        tl_hist_record(&health->lag, start_ns - self->ready.first_ns);
+    tl_health_batch_lag(health, ntodo, start_ns, self->ready.first_ns);
     self->ready.first_ns = 0;
     int timing = tl_health_timed(health);
     int entered = 0;
-    int rc = timing ? run_batch_timed(self, ntodo, start_ns, &entered)
-                    : run_batch(self, ntodo, &entered);
+    int rc = __builtin_expect(timing, 0)
+                 ? tl_run_batch_timed(self, ntodo, start_ns, &entered)
+                 : run_batch(self, ntodo, &entered);
     tl_batch_exit(self, &entered);
-    int64_t end_ns = tl_now_ns();
-    tl_hist_record(&health->iteration, end_ns - woke_ns);
-    tl_count(&health->run_ns, (uint64_t)(end_ns - woke_ns));
+    int64_t end_ns = tl_now_ns();       /* the phase's clock read */
+    tl_health_ran(health, end_ns - woke_ns);
     if (timing)
-        calibrate_ticks(health, end_ns);
+        tl_calibrate_ticks(health, end_ns);
     return rc;
+}
+
+static int
+run_once(LoopObject *self)
+{
+    tl_count(&self->health.iterations, 1);
+    if (inbox_waiting(self) && inbox_drain(self) < 0)
+        return -1;
+    int64_t timeout_ns, woke_ns, start_ns;
+    if (compute_timeout(self, &timeout_ns) < 0 ||
+        poll_phase(self, timeout_ns, &woke_ns) < 0 ||
+        expire_timers(self, woke_ns, &start_ns) < 0)
+        return -1;
+    return run_ready(self, woke_ns, start_ns);
 }
 
 /* ---- Python methods ---- */
@@ -1165,9 +975,9 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
     }
     Py_DECREF(old_hooks);
     if (exc != NULL) {
-        if (failed == 2)
-            PyErr_Clear();   /* the original exception wins */
-        tl_err_set_raised(exc);
+        /* As asyncio's `finally:`: an error of the cleanup replaces the
+         * one that ended the run, which becomes its __context__. */
+        tl_err_chain(exc);
         return NULL;
     }
     if (failed)
@@ -1731,6 +1541,11 @@ loop_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             m = PyType_GetModule(t);
             if (m != NULL)
                 break;
+            /* A heap type of another module (a subclass): look further. */
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) {
+                Py_DECREF(self);
+                return NULL;
+            }
             PyErr_Clear();
         }
     }

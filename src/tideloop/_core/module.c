@@ -61,6 +61,10 @@ transport_base_class(PyObject *base)
     PyObject *member = descr ? PyMapping_GetItemString(descr, "_extra") : NULL;
     Py_XDECREF(descr);
     if (member == NULL) {
+        /* No _extra slot (another asyncio): the Python base class stays. */
+        if (!PyErr_ExceptionMatches(PyExc_KeyError) &&
+            !PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
         PyErr_Clear();
         Py_RETURN_NONE;
     }

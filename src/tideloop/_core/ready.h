@@ -11,6 +11,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <assert.h>
 #include <stdint.h>
 
 #include "health.h"
@@ -31,6 +32,15 @@ typedef struct {
     unsigned char stale;      /* disarmed while queued: skip that item, as
                                  asyncio skips a cancelled Handle */
 } tl_io_watcher;
+
+/* The states' invariant: each flag 0 or 1 (stale means something only
+ * while queued: a push clears it, a skipped item leaves it). */
+static inline int
+tl_io_watcher_ok(const tl_io_watcher *w)
+{
+    return w->fn != NULL && w->owner != NULL && w->armed <= 1 &&
+           w->queued <= 1 && w->stale <= 1;
+}
 
 /* A queued item is one word, as a ring of Handle pointers would be (call_soon
  * costs little more than this ring's memory): a Handle, or a watcher with
@@ -84,10 +94,15 @@ tl_ready_grow(tl_ready_queue *q)
 static inline int
 tl_ready_push_item(tl_ready_queue *q, tl_ready_item it)
 {
+    assert(it != NULL && tl_ready_obj(it) != NULL);
     if (q->len == q->cap && tl_ready_grow(q) < 0) {
         Py_DECREF(tl_ready_obj(it));
         return -1;
     }
+    /* The ring: cap a power of two, room for one more. */
+    assert(q->cap != 0 && (q->cap & (q->cap - 1)) == 0 && q->len < q->cap);
+    /* The queue's own reference (the pusher's, or the one push_io took). */
+    assert(Py_REFCNT(tl_ready_obj(it)) > 0);
     q->items[(q->head + q->len) & (q->cap - 1)] = it;
     /* One writer at a time; stored atomically because loop.diagnostics()
      * and the inbox's check read it from other threads. */
@@ -108,6 +123,7 @@ tl_ready_push(tl_ready_queue *q, PyObject *handle)
 static inline int
 tl_ready_push_io(tl_ready_queue *q, tl_io_watcher *w)
 {
+    assert(tl_io_watcher_ok(w));
     w->stale = 0;
     if (w->queued)
         return 0;
@@ -121,7 +137,12 @@ tl_ready_push_io(tl_ready_queue *q, tl_io_watcher *w)
 static inline tl_ready_item
 tl_ready_pop(tl_ready_queue *q)
 {
+    assert(q->len > 0 && q->len <= q->cap && q->head < q->cap);
     tl_ready_item it = q->items[q->head];
+    assert(it != NULL);
+    /* A queued watcher says so (its one item: see tl_ready_push_io). */
+    assert(tl_ready_io(it) == NULL ||
+           (tl_ready_io(it)->queued && tl_io_watcher_ok(tl_ready_io(it))));
     q->head = (q->head + 1) & (q->cap - 1);
     __atomic_store_n(&q->len, q->len - 1, __ATOMIC_RELAXED);
     return it;
@@ -158,6 +179,7 @@ tl_ready_clear(tl_ready_queue *q)
         tl_ready_item it = tl_ready_pop(q);
         tl_io_watcher *w = tl_ready_io(it);
         if (w != NULL) {
+            assert(w->queued);
             w->queued = 0;
             Py_DECREF(w->owner);
         }

@@ -124,6 +124,11 @@ tl_recv_into_buffer(PyObject *buf, Py_buffer *view)
 {
     if (PyObject_GetBuffer(buf, view, PyBUF_WRITABLE) == 0)
         return 0;
+    /* A refused buffer is worded as socket.recv_into() would; any other
+     * error (MemoryError) propagates. */
+    if (!PyErr_ExceptionMatches(PyExc_TypeError) &&
+        !PyErr_ExceptionMatches(PyExc_BufferError))
+        return -1;
     PyErr_Clear();
     set_recv_into_buffer_error(buf);
     return -1;

@@ -332,6 +332,8 @@ check_socket(SockOpObject *self)
         if (st->SSLSocket == NULL) {
             PyObject *ssl = PyImport_ImportModule("ssl");
             if (ssl == NULL) {
+                if (!PyErr_ExceptionMatches(PyExc_ImportError))
+                    return -1;
                 PyErr_Clear();
                 st->SSLSocket = Py_NewRef(Py_None);
             }

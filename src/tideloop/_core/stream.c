@@ -351,6 +351,11 @@ tl_stream_writelines(TransportObject *self, PyObject *list)
         for (Py_ssize_t i = 0; i < n; i++) {
             Py_ssize_t len = PyObject_Length(items[i]);
             if (len < 0) {
+                /* A buffer without len() (b''.join takes it) */
+                if (!PyErr_ExceptionMatches(PyExc_TypeError)) {
+                    Py_DECREF(seq);
+                    return NULL;
+                }
                 PyErr_Clear();
                 len = 1;
             }

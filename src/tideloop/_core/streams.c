@@ -917,6 +917,9 @@ op_fast(OpObject *self, PyObject *d, PyObject **bufp)
             return 0;
         self->n = PyLong_AsSsize_t(self->arg);
         if (self->n == -1 && PyErr_Occurred()) {
+            /* A huge n: the Python method's business. */
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+                return -1;
             PyErr_Clear();
             return 0;
         }
@@ -1924,8 +1927,12 @@ streams_setup(PyObject *module, PyObject *args)
     Py_XSETREF(st->s_method_names, names);
     Py_XSETREF(st->s_markers, Py_NewRef(marks));
     PyObject *take = PyObject_GetAttrString((PyObject *)&PyByteArray_Type, "take_bytes");
-    if (take == NULL)
+    if (take == NULL) {
+        /* bytearray.take_bytes() is new in 3.15. */
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
         PyErr_Clear();
+    }
     Py_XSETREF(st->s_take_bytes, take);
     PyObject *fc = PyObject_GetAttrString(st->Future, "cancelled");
     PyObject *fs = fc ? PyObject_GetAttrString(st->Future, "set_result") : NULL;

@@ -110,16 +110,21 @@ ptrue(TLSEngineObject *self, PyObject *name, int *out)
     return *out < 0 ? -1 : 0;
 }
 
-/* *out = the attribute as a C size; 0 when it is not an exact int (the
- * caller then leaves the decision to SSLProtocol). */
+/* *out = the attribute as a C size: 1; 0 when it is not an exact int that
+ * fits (the caller then leaves the decision to SSLProtocol); -1 on error. */
 static int
 psize(TLSEngineObject *self, PyObject *name, Py_ssize_t *out)
 {
     PyObject *v = pget(self, name);
-    if (v == NULL || !PyLong_CheckExact(v))
+    if (v == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyLong_CheckExact(v))
         return 0;
     *out = PyLong_AsSsize_t(v);
     if (*out == -1 && PyErr_Occurred()) {
+        /* Too large for C: SSLProtocol decides. */
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
         PyErr_Clear();
         return 0;
     }
@@ -539,7 +544,11 @@ tls_write(TLSEngineObject *self, PyObject *data, int *fallback)
     if (self->route == TL_TLS_OPENSSL) {
         Py_buffer view;
         if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
-            PyErr_Clear();      /* SSLProtocol raises it in its own place */
+            /* SSLProtocol raises a refused buffer in its own place */
+            if (!PyErr_ExceptionMatches(PyExc_TypeError) &&
+                !PyErr_ExceptionMatches(PyExc_BufferError))
+                return -1;
+            PyErr_Clear();
             *fallback = 1;
             return 0;
         }
@@ -595,8 +604,14 @@ control_flow(TLSEngineObject *self, Py_ssize_t size, PyObject *extra,
     int paused;
     if (size < 0)
         return -1;
-    if ((extra != NULL && !psize(self, extra, &add)) || !psize(self, high_name, &high) ||
-        !psize(self, low_name, &low))
+    int known = extra != NULL ? psize(self, extra, &add) : 1;
+    if (known > 0)
+        known = psize(self, high_name, &high);
+    if (known > 0)
+        known = psize(self, low_name, &low);
+    if (known < 0)
+        return -1;
+    if (known == 0)
         return pcall0(self, method);
     if (ptrue(self, paused_name, &paused) < 0)
         return -1;
@@ -1059,7 +1074,9 @@ engine_detach_now(TLSEngineObject *self)
         if (w != NULL && PyCFunction_Check(w) && PyCFunction_GET_SELF(w) == (PyObject *)self)
             (void)PyDict_DelItem(self->adict, self->st->str_write);
     }
-    PyErr_Clear();
+    /* (str keys: nothing above fails in practice; void: reported if so) */
+    if (PyErr_Occurred())
+        PyErr_WriteUnraisable((PyObject *)self);
     engine_clear_refs(self);
     if (exc != NULL)
         tl_err_set_raised(exc);
@@ -1444,9 +1461,9 @@ tls_errors(PyObject *module, PyObject *args)
                           &line_eof))
         return NULL;
     enum { KNOWN = 12 };
-    PyModuleDef *def = PyModule_GetDef(ssl_mod);
+    PyModuleDef *def = PyModule_GetDef(ssl_mod);   /* (a module: no error) */
     if (def == NULL) {
-        PyErr_Clear();
+        assert(!PyErr_Occurred());
         return PyUnicode_FromString("_ssl has no module definition");
     }
     PyObject **slots = PyModule_GetState(ssl_mod);

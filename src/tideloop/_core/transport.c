@@ -69,8 +69,10 @@ tl_tr_close_socket(TransportObject *self)
         return;
     /* Nothing of ours may stay registered under an fd number the kernel
      * will hand out again. */
-    if (tl_tr_remove_reader(self) < 0 || tl_tr_remove_writer(self) < 0)
-        PyErr_Clear();
+    if (tl_tr_remove_reader(self) < 0)
+        PyErr_WriteUnraisable((PyObject *)self);
+    if (tl_tr_remove_writer(self) < 0)
+        PyErr_WriteUnraisable((PyObject *)self);
     close_fd(self);
 }
 
@@ -210,10 +212,16 @@ tl_tr_fatal_error(TransportObject *self, PyObject *exc, const char *message)
     if (quiet && self->ops->quiet_errno) {
         /* The read end of a pipe only keeps quiet about EIO. */
         PyObject *e = PyObject_GetAttrString(exc, "errno");
-        quiet = e != NULL && PyLong_Check(e) &&
-                PyLong_AsLong(e) == self->ops->quiet_errno;
-        Py_XDECREF(e);
-        PyErr_Clear();
+        if (e == NULL)
+            return -1;   /* as asyncio's exc.errno */
+        long n = PyLong_Check(e) ? PyLong_AsLong(e) : 0;
+        Py_DECREF(e);
+        if (n == -1 && PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+                return -1;
+            PyErr_Clear();   /* a huge errno: not the quiet one */
+        }
+        quiet = n == self->ops->quiet_errno;
     }
     if (quiet) {
         if (self->loop->debug) {
@@ -321,15 +329,13 @@ tl_tr_force_close(TransportObject *self, PyObject *exc)
     return tl_tr_schedule_connection_lost(self, exc);
 }
 
-/* In a finally-like sequence: the first error is the one that propagates,
- * later ones are dropped. */
+/* In a finally-like sequence, as in asyncio's `finally:`: a later error
+ * replaces the pending one, which becomes its __context__. */
 static void
-keep_first_error(PyObject **pending)
+keep_last_error(PyObject **pending)
 {
-    if (*pending == NULL)
-        *pending = tl_err_get_raised();
-    else
-        PyErr_Clear();
+    tl_err_chain(*pending);
+    *pending = tl_err_get_raised();
 }
 
 int
@@ -343,7 +349,7 @@ tl_tr_connection_lost(TransportObject *self, PyObject *exc)
             st->str_connection_lost, args,
             2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         if (r == NULL)
-            keep_first_error(&pending);
+            keep_last_error(&pending);
         Py_XDECREF(r);
     }
     /* finally: */
@@ -367,7 +373,7 @@ tl_tr_connection_lost(TransportObject *self, PyObject *exc)
                           : PyObject_CallMethodNoArgs(server, st->str_detach);
         Py_DECREF(server);
         if (d == NULL)
-            keep_first_error(&pending);
+            keep_last_error(&pending);
         Py_XDECREF(d);
     }
     if (self->empty_waiter != NULL) {
@@ -378,7 +384,7 @@ tl_tr_connection_lost(TransportObject *self, PyObject *exc)
                            : NULL;
         Py_XDECREF(cerr);
         if (d == NULL)
-            keep_first_error(&pending);
+            keep_last_error(&pending);
         Py_XDECREF(d);
     }
     if (pending != NULL) {
@@ -1042,7 +1048,7 @@ tl_tr_finalize(TransportObject *self)
         Py_DECREF(r);
     }
     else {
-        PyErr_Clear();
+        PyErr_WriteUnraisable((PyObject *)self);   /* (a finalizer) */
     }
     close_fd(self);
     tl_err_set_raised(exc);
