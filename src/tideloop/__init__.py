@@ -13,6 +13,8 @@ modules named for its groups of methods (``_network``, ``_subprocesses``,
 ``_children``, ``_signals``, ``_executors``); none of them imports this one.
 """
 
+from . import _build_check  # noqa: F401  (first: an unbuilt checkout says so)
+
 import asyncio
 import os
 import sys
