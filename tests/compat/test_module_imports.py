@@ -1,10 +1,10 @@
-"""The package's modules import one another without circles.
+"""The package's submodules never import the package itself.
 
 ``tideloop/__init__.py`` may import its submodules; a submodule takes what
 it needs from a small module (``_loop``, ``_diag_state``, ``_compat``, ...),
-never from the package itself, and no module imports one that imports it
-back -- function-level imports included.  Read from the source (no import):
-a circle is a fault of the code whether or not an import order hides it.
+never from the package -- function-level imports included.  Read from the
+source (no import).  That no modules import one another in a circle is
+tests/tooling/test_layering.py's check.
 """
 import ast
 from pathlib import Path
@@ -13,9 +13,6 @@ PKG = Path(__file__).resolve().parents[2] / "src" / "tideloop"
 
 # Entry points that import the package as its users do; nothing imports them.
 ENTRY_POINTS = {"tideloop.__main__", "tideloop.pytest_plugin", "tideloop._bench"}
-
-# Circles that remain; the list may only shrink.
-KNOWN_CIRCLES = set()
 
 
 def _modules():
@@ -63,12 +60,6 @@ def _circles():
     for name in graph:
         walk(name, name, [name])
     return graph, circles
-
-
-def test_no_new_import_circles():
-    _, circles = _circles()
-    new = [sorted(c) for c in circles - KNOWN_CIRCLES]
-    assert not new, f"modules that import each other: {new}"
 
 
 def test_submodules_do_not_import_the_package():
