@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from loop_helpers import child_env
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(REPO, "README.md")
 DOCS = os.path.join(REPO, "docs")
@@ -127,7 +129,9 @@ def blocks(lang):
 
 
 def run_env():
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src"))
+    # The tideloop these tests import: the checkout built in place (what
+    # PYTHONPATH=src means in the README) or, in CI, the installed one.
+    env = child_env()
     env.pop("TIDELOOP_DIAGNOSTICS", None)
     return env
 

@@ -12,10 +12,11 @@ import sys
 import pytest
 
 from loop_helpers import child_env
+from tools import instructions
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "tools", "instructions.py")
-WORKLOADS = ["call-soon", "timers", "echo-protocol", "echo-streams", "echo-sockets", "echo-tls"]
+WORKLOADS = list(instructions.WORKLOADS)
 
 
 def verdict(tmp_path, base, now):
