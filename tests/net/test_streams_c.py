@@ -255,6 +255,30 @@ def test_cancelled_read_leaves_the_data(loop, streams_path):
     arun(loop, main())
 
 
+def test_a_task_waiting_in_a_read_has_a_call_graph(loop, streams_path):
+    # asyncio.capture_call_graph() (3.14+) walks the task's cr_await chain and
+    # reads cr_frame on each link: a C read is a link without a frame.
+    async def main():
+        reader, writer, peer = await stream_pair()
+        for make in (lambda: reader.read(5), lambda: reader.readexactly(5),
+                     lambda: reader.readuntil(b"!"), lambda: reader.readline()):
+            async def waits_in_a_read():
+                return await make()
+            task = asyncio.ensure_future(waits_in_a_read())
+            await wait_until(lambda: reader._waiter is not None)
+            graph = asyncio.capture_call_graph(task)
+            assert graph.future is task
+            assert "waits_in_a_read" in asyncio.format_call_graph(task)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        await closing(writer, peer)
+
+    if not hasattr(asyncio, "capture_call_graph"):
+        pytest.skip("asyncio.capture_call_graph is 3.14's")
+    arun(loop, main())
+
+
 def test_readexactly_cancelled_midway_keeps_partial_data(loop, streams_path):
     async def main():
         reader, writer, peer = await stream_pair()

@@ -1272,6 +1272,15 @@ op_get_await(OpObject *self, void *Py_UNUSED(c))
     return Py_NewRef(self->sub);
 }
 
+/* No Python frame runs a C read: None, as a finished coroutine says.  Code
+ * that walks cr_await chains (asyncio.graph on 3.14+, debuggers) reads
+ * cr_frame on every link that has cr_await. */
+static PyObject *
+op_get_frame(OpObject *Py_UNUSED(self), void *Py_UNUSED(c))
+{
+    Py_RETURN_NONE;
+}
+
 static int
 op_traverse(OpObject *self, visitproc visit, void *arg)
 {
@@ -1364,6 +1373,7 @@ static PyGetSetDef op_getset[] = {
     {"__qualname__", (getter)op_get_qualname, NULL, NULL, NULL},
     {"__name__", (getter)op_get_name, NULL, NULL, NULL},
     {"cr_await", (getter)op_get_await, NULL, NULL, NULL},
+    {"cr_frame", (getter)op_get_frame, NULL, NULL, NULL},
     {NULL}
 };
 
