@@ -71,8 +71,11 @@ def _setup():
                          asyncio.exceptions.LimitOverrunError,
                          writer_init.__code__ if usable and writer_init else None,
                          # what inspect.iscoroutinefunction() (3.12+) and
-                         # asyncio.iscoroutinefunction() (to 3.13) look for
-                         (getattr(inspect, "_is_coroutine_mark", None),
+                         # asyncio.iscoroutinefunction() (to 3.13) look for;
+                         # inspect's marker was _is_coroutine_marker in the
+                         # first 3.12 releases
+                         (getattr(inspect, "_is_coroutine_mark",
+                                  getattr(inspect, "_is_coroutine_marker", None)),
                           getattr(asyncio.coroutines, "_is_coroutine", None)))
     return on
 
