@@ -348,6 +348,18 @@ def load_line(samples, during, steal_samples=None):
 # Child processes
 # --------------------------------------------------------------------------
 
+def finish_generator(gen):
+    """Ends a C load generator (closing its stdin makes it close its sockets
+    and exit; killed after 10 s) and returns its stderr."""
+    gen.stdin.close()
+    try:
+        gen.wait(10)
+    except subprocess.TimeoutExpired:
+        gen.kill()
+        gen.wait()
+    return gen.stderr.read().decode(errors="replace").strip()
+
+
 def stderr_reason(path, prog, fallback):
     """Why a worker failed: its "<prog>: ERROR: ..." line (harness.worker_main),
     else the last line of its stderr, else ``fallback``."""
@@ -432,13 +444,7 @@ def run_under_load(server_cmd, generator_cmd, *, env, cwd, errlog, prog, generat
                 result = json.loads(line)
                 break
         alive = proc.poll() is None
-        gen.stdin.close()               # the generator closes its sockets and exits
-        try:
-            gen.wait(10)
-        except subprocess.TimeoutExpired:
-            gen.kill()
-            gen.wait()
-        gen_err = gen.stderr.read().decode(errors="replace").strip()
+        gen_err = finish_generator(gen)
         if not alive:
             raise harness.RunError("server exited during the run: "
                                    + stderr_reason(errlog, prog, f"status {proc.returncode}"))

@@ -171,13 +171,7 @@ def run_echo(loop, n, gil_mode, cfg, paths, workdir):
                 break
         alive = proc.poll() is None
         spread = loop_conns(proc, time.monotonic() + 5) if alive and result else None
-        gen.stdin.close()
-        try:
-            gen.wait(10)
-        except subprocess.TimeoutExpired:
-            gen.kill()
-            gen.wait()
-        gen_err = gen.stderr.read().decode(errors="replace").strip()
+        gen_err = procs.finish_generator(gen)
         if not alive:
             raise harness.RunError(f"server exited during the run (status "
                                    f"{proc.returncode}): " + procs.stderr_reason(

@@ -225,13 +225,7 @@ def run_one(tool, server, requests, cfg, paths, workdir):
             proc.kill()
             proc.wait()
             raise harness.RunError(f"{tool} did not exit after SIGTERM")
-        gen.stdin.close()
-        try:
-            gen.wait(10)
-        except subprocess.TimeoutExpired:
-            gen.kill()
-            gen.wait()
-        gen_err = gen.stderr.read().decode(errors="replace").strip()
+        gen_err = procs.finish_generator(gen)
         if result is None:
             raise harness.RunError("tls_loadgen failed: " + (gen_err.splitlines()[-1] if gen_err
                                                              else f"status {gen.returncode}"))
