@@ -16,8 +16,10 @@ Each workload runs in one process, on one loop, with one operation in flight
 step made ready), under valgrind's callgrind, twice: for R and for 3R
 operations.  The figure is the slope, (Ir(3R) - Ir(R)) / 2R: the user-space
 instructions one more operation costs, without start-up, imports and exit.
-The interpreter runs with PYTHONHASHSEED=0 and address-space randomisation
-off (setarch -R), so a figure repeats to within a few instructions.
+The interpreter runs with PYTHONHASHSEED=0, address-space randomisation
+off (setarch -R) and glibc's baseline x86-64 copy and string routines
+(GLIBC_TUNABLES, whatever the CPU), so a figure repeats to within a few
+instructions from one machine to another.
 
 Workloads (tideloop, CPython of this interpreter):
   call-soon        call_soon() and the callback's run, 100 an iteration
@@ -430,9 +432,26 @@ def child(name, n):
 
 # ---- the driver -------------------------------------------------------------
 
+# glibc picks its copy and string routines by the CPU (callgrind shows the guest
+# a CPU like the host's): an AVX2 memcpy of 1 KiB is half the instructions of
+# the SSE2 one, and rep movsb counts one per byte.  The figures are of the
+# loop, so every machine runs the baseline x86-64 variants.
+_X86_FEATURES_OFF = (
+    "AVX", "AVX2", "AVX512F", "AVX512CD", "AVX512BW", "AVX512DQ", "AVX512VL",
+    "ERMS", "FSRM", "SSSE3", "SSE4_1", "SSE4_2", "BMI1", "BMI2", "LZCNT", "MOVBE",
+    "POPCNT", "RTM", "FMA", "FMA4", "XSAVEC",
+    "Fast_Unaligned_Load", "Fast_Unaligned_Copy", "Fast_Copy_Backward",
+    "Fast_Rep_String", "Prefer_ERMS", "Prefer_FSRM", "Prefer_PMINUB_for_stringop",
+    "AVX_Fast_Unaligned_Load", "Slow_BSF", "Slow_SSE4_2")
+GLIBC_PIN = ("glibc.cpu.hwcaps=" + ",".join("-" + f for f in _X86_FEATURES_OFF)
+             + ":glibc.cpu.x86_non_temporal_threshold=0x4000000"
+             + ":glibc.cpu.x86_rep_movsb_threshold=0x4000000"
+             + ":glibc.cpu.x86_rep_stosb_threshold=0x4000000")
+
+
 def callgrind_ir(name, n, workdir, python, src):
     out = os.path.join(workdir, f"cg.{name}.{n}.out")
-    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=src)
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=src, GLIBC_TUNABLES=GLIBC_PIN)
     env.pop("PYTHONASYNCIODEBUG", None)
     env.pop("PYTHONDEVMODE", None)
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
