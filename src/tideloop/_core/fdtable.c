@@ -3,12 +3,12 @@
  *
  * Each fd has a reader and a writer slot.  A slot holds either a Handle
  * (add_reader/add_writer, the sock_* waits) or a C io watcher (transports,
- * listeners: see ready.h).  An event queues the slot's occupant on the ready
+ * listeners: see iowatch.h).  An event queues the slot's occupant on the ready
  * queue; changing interest is deferred to just before the next poll where
  * that saves a syscall (fd_apply).  The Loop's public fd methods live here
  * too (added to the Loop type by module.c).
  *
- * May call: handle.c, poller, ready.h. */
+ * May call: iowatch.c, handle.c, poller, ready.h. */
 #define _GNU_SOURCE
 #include "internal.h"
 
@@ -253,14 +253,8 @@ slot_clear(tl_fdslot *s)
     assert(tl_fdslot_ok(s));
     s->handle = NULL;
     s->io = NULL;
-    if (w != NULL) {
-        assert(Py_REFCNT(w->owner) > 1 || !w->queued);   /* the table's and the queue's */
-        w->armed = 0;
-        if (w->queued)
-            w->stale = 1;
-        Py_CLEAR(w->context);
-        Py_DECREF(w->owner);   /* the table's reference */
-    }
+    if (w != NULL)
+        tl_io_disarm(w);
     if (h == NULL)
         return 0;
     int rc = tl_handle_cancel(h);
@@ -340,12 +334,7 @@ tl_fd_watch(LoopObject *self, int fd, int which, tl_io_watcher *w,
     if (ctx == NULL)
         return -1;
     if (w->armed) {
-        /* Armed again, as asyncio's add_reader replaces its Handle: the
-         * context is this call's, and an event already queued is dropped
-         * (the poller reports the fd again if it is still ready). */
-        Py_XSETREF(w->context, ctx);
-        if (w->queued)
-            w->stale = 1;
+        tl_io_rearm(w, ctx);
         return 0;
     }
     if (slot_prepare(self, fd, which, 0) < 0) {
@@ -357,9 +346,7 @@ tl_fd_watch(LoopObject *self, int fd, int which, tl_io_watcher *w,
     assert(old.io != w);   /* not armed: in no slot */
     s->handle = NULL;
     s->io = w;
-    Py_XSETREF(w->context, ctx);
-    w->armed = 1;
-    Py_INCREF(w->owner);
+    tl_io_arm(w, ctx);
     assert(tl_fdslot_ok(s));
     return slot_clear(&old);
 }

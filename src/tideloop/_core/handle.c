@@ -1,7 +1,6 @@
 /* Handle and TimerHandle: what call_soon / call_later return, and what the
- * ready queue and the timer heap hold; and how every callback runs --
- * Handles, and the C io watchers of transports (tl_io_run) -- with
- * asyncio's context and error handling.
+ * ready queue and the timer heap hold; and how every callback runs, with
+ * asyncio's context and error handling (a watcher's run: iowatch.c).
  *
  * May call: heap (a cancelled timer leaves the loop's heap). */
 #include "internal.h"
@@ -285,8 +284,8 @@ handle_args_tuple(HandleObject *h)
 
 /* Report an exception raised by the callback the way asyncio's Handle._run
  * does: 'Exception in callback ...' to loop.call_exception_handler(). */
-static int
-handle_report_error(HandleObject *h, PyObject *callback, PyObject *args)
+int
+tl_handle_report_error(HandleObject *h, PyObject *callback, PyObject *args)
 {
     tl_state *st = h->loop->state;
     PyObject *value = tl_err_get_raised();
@@ -383,7 +382,7 @@ handle_finish(HandleObject *h, PyObject *res)
     }
     else {
         PyObject *t = handle_args_tuple(h);
-        rc = t ? handle_report_error(h, h->callback, t) : -1;
+        rc = t ? tl_handle_report_error(h, h->callback, t) : -1;
         Py_XDECREF(t);
     }
     /* While running, cancel() left callback and arguments in place (they
@@ -508,65 +507,6 @@ tl_handle_run_batched(HandleObject *h, int *entered)
             return -1;
     }
     return ret;
-}
-
-/* ---- C io watchers (ready.h) ---- */
-
-HandleObject *
-tl_io_make_handle(LoopObject *loop, tl_io_watcher *w)
-{
-    PyObject *meth = PyObject_GetAttrString(w->owner, w->name);
-    if (meth == NULL)
-        return NULL;
-    tl_state *st = loop->state;
-    PyObject *ctx = w->context;
-    HandleObject *h = tl_handle_new(st, st->HandleType, loop, meth, NULL, 0,
-                                    ctx, ctx == NULL);
-    Py_DECREF(meth);
-    return h;
-}
-
-/* The watcher's function in the context it was armed in.  Errors other than
- * SystemExit/KeyboardInterrupt are reported as asyncio's Handle._run
- * reports them, by the Handle that stands for the watcher, outside the
- * callback's context and outside the batch (*entered, see below). */
-int
-tl_io_run(LoopObject *loop, tl_io_watcher *w, int *entered)
-{
-    /* Ours for the call: the callback may re-arm w with a new context.
-     * (A watcher runs only while armed, so it has one: run_io_item.) */
-    assert(w->armed && !w->stale && w->context != NULL);
-    PyObject *ctx = Py_NewRef(w->context);
-    int rc = -1;
-    if (PyContext_Enter(ctx) == 0) {
-        rc = w->fn(w->owner);
-        PyObject *exc = rc < 0 ? tl_err_get_raised() : NULL;
-        if (PyContext_Exit(ctx) < 0) {
-            Py_XDECREF(exc);
-            exc = tl_err_get_raised();
-            rc = -1;
-        }
-        tl_err_set_raised(exc);
-    }
-    Py_DECREF(ctx);
-    if (rc == 0)
-        return 0;
-    tl_batch_exit(loop, entered);
-    if (PyErr_ExceptionMatches(PyExc_SystemExit) ||
-        PyErr_ExceptionMatches(PyExc_KeyboardInterrupt))
-        return -1;
-    PyObject *exc = tl_err_get_raised();
-    HandleObject *h = tl_io_make_handle(loop, w);
-    if (h == NULL) {
-        Py_XDECREF(exc);
-        return -1;
-    }
-    tl_err_set_raised(exc);
-    PyObject *args = PyTuple_New(0);
-    rc = args ? handle_report_error(h, h->callback, args) : -1;
-    Py_XDECREF(args);
-    Py_DECREF(h);
-    return rc;
 }
 
 /* ---- Python-visible methods ---- */

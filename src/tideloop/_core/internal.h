@@ -692,6 +692,11 @@ int tl_handle_cancel(HandleObject *h);
 /* Drop the callback and its arguments (a handle another thread cancelled). */
 void tl_handle_drop_call(HandleObject *h);
 void tl_handle_free_list(tl_state *st);
+/* Report the error raised by callback(*args) as asyncio's Handle._run
+ * does (to loop.call_exception_handler); 0, or -1 for what must propagate. */
+int tl_handle_report_error(HandleObject *h, PyObject *callback, PyObject *args);
+
+/* iowatch.c: running the C io watchers (iowatch.h). */
 /* Run a watcher's function in its context, with tl_handle_run's error
  * handling. */
 int tl_io_run(LoopObject *loop, tl_io_watcher *w, int *entered);

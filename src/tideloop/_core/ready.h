@@ -1,11 +1,10 @@
 /* The ready queue and what it holds: Handles, and the C readers and writers
- * of transports and listeners (io watchers).
+ * of transports and listeners (io watchers, iowatch.h).
  *
- * A readable transport costs no Python object per event: the fd table
- * (fdtable.c) queues its watcher here, the loop (loop.c) runs the watcher's
- * C function in the context it was armed in (handle.c: tl_io_run), in the
- * same order as asyncio's reader Handle would run.  Leaf: includes only
- * Python.h and health.h. */
+ * The fd table (fdtable.c) queues a watcher here on an event; the loop
+ * (loop.c) runs it (iowatch.c: tl_io_run) in the same order as asyncio's
+ * reader Handle would run.  Leaf: includes only Python.h, health.h and
+ * iowatch.h. */
 #ifndef TIDELOOP_READY_H
 #define TIDELOOP_READY_H
 
@@ -15,32 +14,7 @@
 #include <stdint.h>
 
 #include "health.h"
-
-/* 0, or -1 with an exception set (as every function of the core). */
-typedef int (*tl_io_fn)(PyObject *owner);
-
-typedef struct {
-    tl_io_fn fn;              /* the owner's reader or writer, in C */
-    const char *name;         /* its Python method ("_read_ready"): for
-                                 reports, debug mode and _selector */
-    PyObject *owner;          /* the object it lives in (borrowed) */
-    PyObject *context;        /* a copy of the context at arm time, as
-                                 asyncio's add_reader Handle takes one */
-    unsigned char armed;      /* in the fd table (which holds a reference
-                                 to the owner meanwhile) */
-    unsigned char queued;     /* in the ready queue (holding a reference) */
-    unsigned char stale;      /* disarmed while queued: skip that item, as
-                                 asyncio skips a cancelled Handle */
-} tl_io_watcher;
-
-/* The states' invariant: each flag 0 or 1 (stale means something only
- * while queued: a push clears it, a skipped item leaves it). */
-static inline int
-tl_io_watcher_ok(const tl_io_watcher *w)
-{
-    return w->fn != NULL && w->owner != NULL && w->armed <= 1 &&
-           w->queued <= 1 && w->stale <= 1;
-}
+#include "iowatch.h"
 
 /* A queued item is one word, as a ring of Handle pointers would be (call_soon
  * costs little more than this ring's memory): a Handle, or a watcher with
@@ -123,12 +97,8 @@ tl_ready_push(tl_ready_queue *q, PyObject *handle)
 static inline int
 tl_ready_push_io(tl_ready_queue *q, tl_io_watcher *w)
 {
-    assert(tl_io_watcher_ok(w));
-    w->stale = 0;
-    if (w->queued)
+    if (!tl_io_mark_queued(w))
         return 0;
-    w->queued = 1;
-    Py_INCREF(w->owner);
     return tl_ready_push_item(q, (tl_ready_item)((uintptr_t)w | TL_READY_IO));
 }
 
@@ -178,14 +148,10 @@ tl_ready_clear(tl_ready_queue *q)
     while (q->len) {
         tl_ready_item it = tl_ready_pop(q);
         tl_io_watcher *w = tl_ready_io(it);
-        if (w != NULL) {
-            assert(w->queued);
-            w->queued = 0;
-            Py_DECREF(w->owner);
-        }
-        else {
+        if (w != NULL)
+            tl_io_mark_unqueued(w);
+        else
             Py_DECREF((PyObject *)it);
-        }
     }
 }
 
