@@ -17,9 +17,11 @@ step made ready), under valgrind's callgrind, twice: for R and for 3R
 operations.  The figure is the slope, (Ir(3R) - Ir(R)) / 2R: the user-space
 instructions one more operation costs, without start-up, imports and exit.
 The interpreter runs with PYTHONHASHSEED=0, address-space randomisation
-off (setarch -R) and glibc's baseline x86-64 copy and string routines
-(GLIBC_TUNABLES, whatever the CPU), so a figure repeats to within a few
-instructions from one machine to another.
+off (setarch -R), glibc's baseline x86-64 copy and string routines
+(GLIBC_TUNABLES, whatever the CPU), from paths of fixed length with a
+minimal environment, after one untraced run (bytecode caches), so a figure
+repeats to within a few instructions from one machine or checkout to
+another.
 
 Workloads (tideloop, CPython of this interpreter):
   call-soon        call_soon() and the callback's run, 100 an iteration
@@ -67,7 +69,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 BASELINE = os.path.join(REPO, "results", "instructions.json")
-CERTS = os.path.join(REPO, "tests", "certs")
+# The measured child runs from a copy of this file; it finds the certificates here.
+CERTS = os.environ.get("TIDELOOP_INSTR_CERTS") or os.path.join(REPO, "tests", "certs")
 
 WORKLOADS = {          # name: operations of the R run
     "call-soon": 20000,        # callbacks, 100 an iteration
@@ -449,16 +452,13 @@ GLIBC_PIN = ("glibc.cpu.hwcaps=" + ",".join("-" + f for f in _X86_FEATURES_OFF)
              + ":glibc.cpu.x86_rep_stosb_threshold=0x4000000")
 
 
-def callgrind_ir(name, n, workdir, python, src):
-    out = os.path.join(workdir, f"cg.{name}.{n}.out")
-    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=src, GLIBC_TUNABLES=GLIBC_PIN)
-    env.pop("PYTHONASYNCIODEBUG", None)
-    env.pop("PYTHONDEVMODE", None)
+def callgrind_ir(name, n, work, python, env):
+    out = os.path.join(work, f"cg.{name}.{n}.out")
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-           python, os.path.abspath(__file__), "--child", name, "--n", str(n)]
+           python, os.path.join(work, "child.py"), "--child", name, "--n", str(n)]
     if shutil.which("setarch"):
         cmd = ["setarch", platform.machine(), "-R", *cmd]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    p = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True, timeout=1200)
     if p.returncode != 0:
         raise RuntimeError(f"{name} (n={n}) failed: {p.stderr.strip().splitlines()[-1:]}")
     with open(out) as f:
@@ -487,15 +487,44 @@ def build_scratch(python, where):
     return os.path.join(where, "src")
 
 
+def prepare(work, python, src):
+    """The measured child's world, the same on every machine and checkout:
+    the workloads, the certificates and tideloop's tree at paths of fixed
+    length in `work` (string sizes move the heap's layout, and a copy's
+    alignment changes its instruction count), and an environment of only
+    what the figures depend on.  src None: this checkout, built there."""
+    shutil.copy(os.path.abspath(__file__), os.path.join(work, "child.py"))
+    shutil.copytree(CERTS, os.path.join(work, "certs"))
+    if src is None:
+        os.mkdir(os.path.join(work, "tree"))
+        built = build_scratch(python, os.path.join(work, "tree"))
+        os.rename(built, os.path.join(work, "src"))
+    else:
+        shutil.copytree(src, os.path.join(work, "src"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+           "PYTHONHASHSEED": "0", "PYTHONPATH": os.path.join(work, "src"),
+           "GLIBC_TUNABLES": GLIBC_PIN,
+           "TIDELOOP_INSTR_LOOP": os.environ.get("TIDELOOP_INSTR_LOOP", "tideloop"),
+           "TIDELOOP_INSTR_CERTS": os.path.join(work, "certs")}
+    return env
+
+
 def measure(names, python, src):
-    work = tempfile.mkdtemp(prefix="tideloop-instr-")
+    # mkdtemp's names have a fixed length; /tmp, not $TMPDIR, whose length varies.
+    work = tempfile.mkdtemp(prefix="tlinstr-", dir="/tmp")
     figures = {}
     try:
+        env = prepare(work, python, src)
         for name in names:
             r = WORKLOADS[name]
             t = time.monotonic()
-            lo = callgrind_ir(name, r, work, python, src)
-            hi = callgrind_ir(name, 3 * r, work, python, src)
+            # Once untraced first: the first run writes the bytecode caches.
+            subprocess.run([python, os.path.join(work, "child.py"), "--child", name,
+                            "--n", str(BATCH)], env=env, cwd=work, check=True,
+                           capture_output=True, timeout=600)
+            lo = callgrind_ir(name, r, work, python, env)
+            hi = callgrind_ir(name, 3 * r, work, python, env)
             figures[name] = round((hi - lo) / (2 * r))
             print(f"  {name:<15} {figures[name]:>9,} instructions per operation "
                   f"({time.monotonic() - t:.0f} s)", flush=True)
@@ -565,20 +594,11 @@ def main(argv=None):
     print(f"instructions: {len(names)} workload(s) under callgrind on "
           f"{platform.python_implementation()} {platform.python_version()}, {args.loop}",
           flush=True)
-    scratch = None
     try:
-        if args.src is None:
-            scratch = tempfile.mkdtemp(prefix="tideloop-instr-build-")
-            src = build_scratch(python, scratch)
-        else:
-            src = os.path.abspath(args.src)
-        figures = measure(names, python, src)
+        figures = measure(names, python, args.src and os.path.abspath(args.src))
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         print(f"instructions: FAIL: {exc}", file=sys.stderr)
         return 1
-    finally:
-        if scratch:
-            shutil.rmtree(scratch, ignore_errors=True)
     doc = {"python": platform.python_version(), "unit": "user-space instructions per operation",
            "figures": figures}
     if args.loop != "tideloop":
