@@ -307,3 +307,32 @@ def test_a_task_that_asyncio_made_in_a_callback_has_no_made_up_origin(tl):
     origins, mine = tl.run_until_complete(main())
     assert origins[id(seen[0])] is None
     assert origins[id(mine)] == (__file__, sys._getframe().f_lineno - 6)
+
+
+def test_an_error_in_the_accounting_is_reported_not_swallowed(tl):
+    # The accounting asks a finished fire-and-forget task for its coroutine
+    # (its name goes in the leak report).  An error there must not stop the
+    # loop, nor vanish: sys.unraisablehook gets it, with the task.
+    class Failing(asyncio.Task):
+        def get_coro(self):
+            raise MemoryError("planted in get_coro")
+
+    diagnostics.track_tasks(loop=tl)
+    tl.set_task_factory(lambda loop, coro, **kw: Failing(coro, loop=loop, **kw))
+    seen = []
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = seen.append
+
+    async def main():
+        asyncio.get_running_loop().create_task(short())    # nobody awaits it
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return "went on"
+
+    try:
+        assert tl.run_until_complete(main()) == "went on"
+    finally:
+        sys.unraisablehook = old_hook
+    planted = [u for u in seen if isinstance(u.exc_value, MemoryError)]
+    assert planted, seen
+    assert isinstance(planted[0].object, Failing)

@@ -55,6 +55,20 @@ slot_of(const struct tl_task_table *t, PyObject *key)
     return (size_t)(h >> 32) & (t->cap - 1);
 }
 
+/* The accounting answers without an error, so that diagnostics never stop
+ * the loop.  The error it meets by design (`expected`: an object without the
+ * attribute looked for, one that takes no weak reference) is dropped; any
+ * other (no memory, a Task subclass's method raising) is reported through
+ * sys.unraisablehook with the object concerned, and the figure left out. */
+static void
+tolerate(PyObject *expected, PyObject *obj)
+{
+    if (expected != NULL && PyErr_ExceptionMatches(expected))
+        PyErr_Clear();
+    else
+        PyErr_WriteUnraisable(obj);
+}
+
 /* Is the entry's Task still alive?  (It is then the object at `key`.) */
 static int
 entry_alive(tl_task_entry *e)
@@ -63,7 +77,7 @@ entry_alive(tl_task_entry *e)
     PyObject *obj = NULL;
     int r = PyWeakref_GetRef(e->ref, &obj);
     if (r < 0)
-        PyErr_Clear();
+        tolerate(NULL, e->ref);     /* not a weak reference: never */
     Py_XDECREF(obj);
     return r == 1;
 #else
@@ -72,7 +86,7 @@ entry_alive(tl_task_entry *e)
 }
 
 /* A dead entry's last word: counted in `gone` if its Task finished with
- * nobody waiting (no error: the count is dropped on failure). */
+ * nobody waiting (no error: the count is reported lost on failure). */
 static void
 entry_release(struct tl_task_table *t, tl_task_entry *e)
 {
@@ -83,7 +97,7 @@ entry_release(struct tl_task_table *t, tl_task_entry *e)
         PyObject *n1 = k && !PyErr_Occurred()
                        ? PyLong_FromSsize_t((n ? PyLong_AsSsize_t(n) : 0) + 1) : NULL;
         if (n1 == NULL || PyDict_SetItem(t->gone, k, n1) < 0)
-            PyErr_Clear();
+            tolerate(NULL, t->gone);
         Py_XDECREF(n1);
         Py_XDECREF(k);
     }
@@ -130,10 +144,11 @@ rebuild(struct tl_task_table *t, size_t cap)
     return 0;
 }
 
-/* Room for one more entry: dead ones dropped, the table doubled while the
- * live ones fill more than half of it.  0: no room (full, or no memory). */
+/* Room for one more entry (for `task`): dead ones dropped, the table
+ * doubled while the live ones fill more than half of it.  0: no room (full,
+ * or no memory: reported). */
 static int
-make_room(struct tl_task_table *t)
+make_room(struct tl_task_table *t, PyObject *task)
 {
     if ((t->used + 1) * 4 <= t->cap * 3)
         return 1;
@@ -144,8 +159,10 @@ make_room(struct tl_task_table *t)
     size_t cap = TL_TASKS_MIN;
     while (cap < (live + 1) * 2 && cap < TL_TASKS_MAX * 2)
         cap *= 2;
-    if (live + 1 > TL_TASKS_MAX || rebuild(t, cap) < 0) {
-        PyErr_Clear();
+    if (live + 1 > TL_TASKS_MAX)
+        return 0;
+    if (rebuild(t, cap) < 0) {
+        tolerate(NULL, task);
         return 0;
     }
     return 1;
@@ -165,7 +182,7 @@ find(struct tl_task_table *t, PyObject *task, int64_t now_ns)
                 return e;
             PyObject *ref = PyWeakref_NewRef(task, NULL);     /* a new object here */
             if (ref == NULL) {
-                PyErr_Clear();
+                tolerate(PyExc_TypeError, task);
                 return NULL;
             }
             entry_release(t, e);
@@ -173,7 +190,7 @@ find(struct tl_task_table *t, PyObject *task, int64_t now_ns)
             return e;
         }
         if (attempt == 0 && (t->used + 1) * 4 > t->cap * 3) {
-            if (!make_room(t)) {
+            if (!make_room(t, task)) {
                 t->untracked++;
                 return NULL;
             }
@@ -181,7 +198,7 @@ find(struct tl_task_table *t, PyObject *task, int64_t now_ns)
         }
         PyObject *ref = PyWeakref_NewRef(task, NULL);
         if (ref == NULL) {
-            PyErr_Clear();
+            tolerate(PyExc_TypeError, task);
             return NULL;
         }
         entry_start(e, task, ref, now_ns);
@@ -223,7 +240,7 @@ tl_task_of_step(LoopObject *loop, PyObject *callback)
         /* _asyncio's TaskStepMethWrapper (and 3.11's TaskWakeupMethWrapper) */
         self = PyObject_GetAttr(callback, st->str_self_attr);
         if (self == NULL)
-            PyErr_Clear();
+            tolerate(PyExc_AttributeError, callback);
     }
     if (self == NULL)
         return NULL;
@@ -273,8 +290,11 @@ tl_task_where(tl_state *st, PyObject *task)
             Py_DECREF(f);
         Py_SETREF(obj, PyObject_GetAttr(obj, st->str_cr_await));
     }
+    /* The chain ends at None or at an awaitable that is no coroutine (no
+     * cr_frame or cr_await). */
+    if (PyErr_Occurred())
+        tolerate(PyExc_AttributeError, task);
     Py_XDECREF(obj);
-    PyErr_Clear();
     if (frame == NULL)
         Py_RETURN_NONE;
     PyCodeObject *code = PyFrame_GetCode((PyFrameObject *)frame);
@@ -284,7 +304,7 @@ tl_task_where(tl_state *st, PyObject *task)
     Py_DECREF(frame);
     Py_DECREF(outer);
     if (where == NULL) {
-        PyErr_Clear();
+        tolerate(NULL, task);
         Py_RETURN_NONE;
     }
     return where;
@@ -309,7 +329,7 @@ runs_the_loop(PyCodeObject *code)
  * connection handler): the frames past the loop's run are not its
  * creator's. */
 static PyObject *
-creation_site(tl_state *st)
+creation_site(tl_state *st, PyObject *task)
 {
     PyFrameObject *f = PyEval_GetFrame();
     Py_XINCREF(f);
@@ -332,8 +352,8 @@ creation_site(tl_state *st)
         Py_SETREF(f, PyFrame_GetBack(f));
     }
     Py_XDECREF(f);
-    if (site == NULL)
-        PyErr_Clear();
+    if (site == NULL && PyErr_Occurred())
+        tolerate(NULL, task);
     return site;
 }
 
@@ -346,20 +366,23 @@ coro_qualname(tl_state *st, PyObject *task, int *internal)
 {
     *internal = 0;
     PyObject *coro = PyObject_CallMethodNoArgs(task, st->str_get_coro);
+    /* (an awaitable that is no coroutine may have no __qualname__) */
     PyObject *name = coro != NULL ? PyObject_GetAttr(coro, st->str_qualname) : NULL;
+    if (name == NULL || !PyUnicode_Check(name)) {
+        if (name == NULL)
+            tolerate(PyExc_AttributeError, task);
+        Py_CLEAR(name);
+    }
     if (coro != NULL && PyCoro_CheckExact(coro) && st->diag_asyncio_dir != NULL) {
-        PyCodeObject *code = (PyCodeObject *)PyObject_GetAttrString(coro, "cr_code");
-        if (code != NULL && PyCode_Check(code))
-            *internal = PyUnicode_Tailmatch(code->co_filename, st->diag_asyncio_dir, 0,
-                                            PY_SSIZE_T_MAX, -1) == 1;
+        PyObject *code = PyObject_GetAttrString(coro, "cr_code");
+        if (code == NULL)
+            tolerate(NULL, task);
+        else if (PyCode_Check(code))
+            *internal = PyUnicode_Tailmatch(((PyCodeObject *)code)->co_filename,
+                                            st->diag_asyncio_dir, 0, PY_SSIZE_T_MAX, -1) == 1;
         Py_XDECREF(code);
     }
     Py_XDECREF(coro);
-    if (name == NULL || !PyUnicode_Check(name)) {
-        PyErr_Clear();
-        Py_CLEAR(name);
-    }
-    PyErr_Clear();
     return name;
 }
 
@@ -369,7 +392,7 @@ task_done(tl_state *st, PyObject *task)
 {
     PyObject *r = PyObject_CallMethodNoArgs(task, st->str_done);
     if (r == NULL) {
-        PyErr_Clear();
+        tolerate(NULL, task);
         return -1;
     }
     int done = r == Py_True;
@@ -444,7 +467,7 @@ tl_tasks_created(LoopObject *loop, PyObject *task, int64_t created_ns, int64_t e
         return;
     e->created_ns = created_ns;
     if (t->origins && e->origin == NULL)
-        e->origin = creation_site(st);
+        e->origin = creation_site(st, task);
     if (eager_ns < 0)
         return;
     /* A task factory ran: did the task's first step run in it (an eager
@@ -455,9 +478,11 @@ tl_tasks_created(LoopObject *loop, PyObject *task, int64_t created_ns, int64_t e
         PyObject *coro = PyObject_CallMethodNoArgs(task, st->str_get_coro);
         PyObject *susp = coro ? PyObject_GetAttr(coro, st->str_cr_suspended) : NULL;
         ran = susp == Py_True;
+        /* (an awaitable that is no coroutine has no cr_suspended) */
+        if (susp == NULL)
+            tolerate(PyExc_AttributeError, task);
         Py_XDECREF(susp);
         Py_XDECREF(coro);
-        PyErr_Clear();
     }
     if (!ran)
         return;
