@@ -65,8 +65,6 @@ class _SelectorView(collections.abc.Mapping):
         return len(self._loop._watched_fds())
 
 
-_run_until_complete = _borrow("run_until_complete")
-
 _STATS_COUNTERS = ("iterations", "polls", "callbacks", "io_events", "timers_fired",
                    "slow_callbacks")
 
@@ -113,26 +111,9 @@ class Loop(_core.Loop, asyncio.AbstractEventLoop):
 
     _check_running = _borrow("_check_running")
 
-    def run_until_complete(self, future):
-        # A bound call_soon in the instance dict while the loop runs: found
-        # before the class's method, it spares 3.11's C Task and Future a new
-        # bound method each time they schedule a step or a done callback
-        # (they fetch loop.call_soon with a plain getattr), and 3.12's
-        # interpreter calls it quicker than the C method.  Only while it
-        # runs: the bound method is a cycle through the instance dict, and a
-        # loop that is not running, closed or not, must be freed as soon as
-        # its last user lets go, not at the next collection.  (Set here, not
-        # in run_forever, which is C: a Python frame there would stand
-        # between a stalled callback and the code that ran the loop.  One
-        # that an application gave a call_soon of its own keeps that.)
-        d = self.__dict__
-        if "call_soon" in d:
-            return _run_until_complete(self, future)
-        d["call_soon"] = self.call_soon
-        try:
-            return _run_until_complete(self, future)
-        finally:
-            d.pop("call_soon", None)
+    # (run_forever, in C, puts a bound call_soon in the instance's __dict__
+    # while the loop runs: loop.c bind_call_soon.)
+    run_until_complete = _borrow("run_until_complete")
 
     _set_coroutine_origin_tracking = _borrow("_set_coroutine_origin_tracking")
 

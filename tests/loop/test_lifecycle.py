@@ -314,6 +314,54 @@ def test_closed_loop_is_freed_without_a_collection(raw_loop_factory):
         gc.enable()
 
 
+def test_closed_loop_is_freed_without_a_collection_after_run_forever(raw_loop_factory):
+    # The same for a loop run by run_forever() alone (a server's way): its
+    # Tasks' steps and wakeups leave no cycle through the loop behind.
+    import gc
+    import weakref
+
+    async def work():
+        await asyncio.sleep(0)
+
+    gc.collect()
+    gc.disable()
+    try:
+        lp = raw_loop_factory()
+        task = lp.create_task(work())
+        task.add_done_callback(lambda _: lp.stop())
+        lp.run_forever()
+        assert task.done()
+        ref = weakref.ref(lp)
+        lp.close()
+        del lp, task
+        assert ref() is None
+    finally:
+        gc.enable()
+
+
+def test_call_soon_of_an_instance_is_kept_while_running(raw_loop_factory):
+    # An application's own call_soon on the instance is what the loop's
+    # Tasks use, while the loop runs and after.
+    lp = raw_loop_factory()
+    calls = []
+    real = lp.call_soon
+
+    def call_soon(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    lp.call_soon = call_soon
+    try:
+        async def main():
+            await asyncio.sleep(0)
+
+        lp.run_until_complete(main())
+        assert calls, "the instance's call_soon was not used"
+        assert lp.call_soon is call_soon
+    finally:
+        lp.close()
+
+
 def test_dropped_unclosed_loop_is_freed_without_a_collection(raw_loop_factory, loop_name):
     # A loop dropped without close() is freed as soon as its last user lets
     # go (its __del__ warns and closes it), not at the next collection: a

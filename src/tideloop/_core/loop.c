@@ -902,6 +902,58 @@ install_asyncgen_hooks(LoopObject *self)
     return 0;
 }
 
+/* While the loop runs, a bound call_soon in the instance's __dict__ (an
+ * instance that has one and no call_soon of its own there): found before
+ * the class's method, it spares 3.11's C Task and Future a new bound method
+ * per step and done callback (they fetch loop.call_soon with a plain
+ * getattr), and 3.12+ call it quicker.  Only while it runs: the bound method
+ * is a cycle through the dict, and a loop that is not running must be freed
+ * as soon as its last user lets go, not at the next collection.  *bound:
+ * what unbind_call_soon takes back (NULL: nothing was put there). */
+static int
+bind_call_soon(LoopObject *self, PyObject **bound)
+{
+    *bound = NULL;
+    if (Py_TYPE(self)->tp_dictoffset == 0)
+        return 0;                       /* the C type itself: no __dict__ */
+    PyObject *name = self->state->str_call_soon;
+    PyObject *d = PyObject_GenericGetDict((PyObject *)self, NULL);
+    if (d == NULL)
+        return -1;
+    int rc = PyDict_Contains(d, name);
+    if (rc == 0) {
+        PyObject *m = PyObject_GetAttr((PyObject *)self, name);
+        rc = m == NULL || PyDict_SetItem(d, name, m) < 0 ? -1 : 0;
+        if (rc == 0)
+            *bound = m;
+        else
+            Py_XDECREF(m);
+    }
+    Py_DECREF(d);
+    return rc < 0 ? -1 : 0;
+}
+
+/* Take back what bind_call_soon put there, unless something replaced it. */
+static int
+unbind_call_soon(LoopObject *self, PyObject *bound)
+{
+    if (bound == NULL)
+        return 0;
+    PyObject *name = self->state->str_call_soon;
+    PyObject *d = PyObject_GenericGetDict((PyObject *)self, NULL);
+    int rc = d == NULL ? -1 : 0;
+    if (rc == 0) {
+        PyObject *cur = PyDict_GetItemWithError(d, name);    /* borrowed */
+        if (cur == bound)
+            rc = PyDict_DelItem(d, name);
+        else if (cur == NULL && PyErr_Occurred())
+            rc = -1;
+    }
+    Py_XDECREF(d);
+    Py_DECREF(bound);
+    return rc;
+}
+
 static PyObject *
 loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
@@ -928,6 +980,12 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
     PyObject *old_hooks = PyObject_CallNoArgs(st->get_asyncgen_hooks);
     if (old_hooks == NULL)
         return NULL;
+
+    PyObject *bound_call_soon;
+    if (bind_call_soon(self, &bound_call_soon) < 0) {
+        Py_DECREF(old_hooks);
+        return NULL;
+    }
 
     int failed = 0;
     TL_ATOMIC_SET(&self->thread_id, PyThread_get_thread_ident());
@@ -974,6 +1032,16 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
         Py_XDECREF(r);
     }
     Py_DECREF(old_hooks);
+    /* Always taken back (a cleanup error above is kept, and wins). */
+    PyObject *cleanup_exc = tl_err_get_raised();
+    if (unbind_call_soon(self, bound_call_soon) < 0) {
+        failed = 2;
+        if (cleanup_exc == NULL)
+            cleanup_exc = tl_err_get_raised();
+        else
+            PyErr_WriteUnraisable((PyObject *)self);
+    }
+    tl_err_set_raised(cleanup_exc);
     if (exc != NULL) {
         /* As asyncio's `finally:`: an error of the cleanup replaces the
          * one that ended the run, which becomes its __context__. */
