@@ -39,9 +39,7 @@ woken in the same iteration runs first is not part of streams' contract.
 
 TIDELOOP_FUZZ_EXAMPLES sets the number of examples per test (CI: the
 default 150 for the socket-pair test, 60 for the network one); the long
-mode is e.g. ``TIDELOOP_FUZZ_EXAMPLES=5000``.  TIDELOOP_FUZZ_STRICT=1
-drops the allowance for a known transport difference (Scenario.act);
-TIDELOOP_FUZZ_DEBUG=1 prints why a settle ran out of time.
+mode is e.g. ``TIDELOOP_FUZZ_EXAMPLES=5000``.  TIDELOOP_FUZZ_DEBUG=1 prints why a settle ran out of time.
 """
 import asyncio
 import contextlib
@@ -89,9 +87,6 @@ def _scaled_watchdog():
     yield
 
 
-# TIDELOOP_FUZZ_STRICT=1: no allowance for the known transport differences
-# (see Scenario.act).
-STRICT = os.environ.get("TIDELOOP_FUZZ_STRICT", "") not in ("", "0")
 ATTEMPTS = 3              # a mismatch is re-run: only reproducible ones fail
 QUIET = 3                 # iterations with nothing changing that end a settle
 SPIN = 300                # iterations of a settle before it sleeps
@@ -538,15 +533,7 @@ class Scenario:
                                        and _stock_writelines_fails_after_close()):
             out = "skipped: the stock transport raises TypeError here"
         elif kind == "writelines":
-            items = action[1]
-            if self.peer.closed and self.peer.tcp and not STRICT:
-                # Known transport difference (not the streams path):
-                # tideloop's writelines() sends item by item, asyncio's in
-                # one call; after the peer closed a TCP connection the
-                # second send() fails and tideloop loses the connection
-                # (BrokenPipeError) where asyncio's one send() succeeds.
-                items = [b"".join(bytes(x) for x in items)] if items else []
-            out = self.call(self.writer.writelines, items)
+            out = self.call(self.writer.writelines, action[1])
         elif kind == "write_eof":
             out = self.call(self.writer.write_eof)
         elif kind == "close":

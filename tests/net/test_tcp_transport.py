@@ -248,6 +248,25 @@ def test_writelines_type_error_message(loop, kind, tmp_path):
     arun(loop, main())
 
 
+def test_writelines_after_the_peer_closed_is_one_send(loop, tmp_path):
+    # The stock writelines() sends its items at once (3.11 joins them, 3.12+
+    # one sendmsg()).  After the peer closed a TCP connection, that one send
+    # still succeeds -- the peer answers it with a reset -- where a send per
+    # item would fail on the second with BrokenPipeError and lose the
+    # connection on the spot.
+    async def main():
+        srv, ctr, cpr, spr = await pair(
+            loop, "tcp", tmp_path, client=lambda: Recorder(loop, keep_open=True))
+        spr.transport.close()
+        await wait(cpr.eof)
+        ctr.writelines([b"a", b"b", b"c"])
+        assert not ctr.is_closing()
+        assert cpr.exc == "never called"
+        await finish(srv, ctr)
+
+    arun(loop, main())
+
+
 @pytest.mark.skipif(sys.version_info < (3, 15), reason="3.15+: _buffer_size")
 def test_buffer_size_attribute_is_the_write_buffer_size(loop, kind, tmp_path):
     """3.15's socket transport keeps the queued byte count in _buffer_size."""

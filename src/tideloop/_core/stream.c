@@ -164,12 +164,15 @@ stream_read_ready(PyObject *obj)
 
 /* ---- writing ---- */
 
+/* queue_only: the caller sends the whole queue after (writelines). */
 static int
 write_bytes(TransportObject *self, PyObject *obj, const char *data,
-               Py_ssize_t len)
+            Py_ssize_t len, int queue_only)
 {
     if (self->conn_lost)
         return tl_tr_count_lost_write(self, "socket.send() raised exception.");
+    if (queue_only)
+        return tl_wq_push(self, obj, data, len);
     if (self->wq_len == 0) {
         /* Nothing queued: try to send now. */
         ssize_t n;
@@ -211,13 +214,13 @@ check_can_write(TransportObject *self, const char *method)
 }
 
 static int
-write_object(TransportObject *self, PyObject *data)
+write_object(TransportObject *self, PyObject *data, int queue_only)
 {
     if (PyBytes_CheckExact(data)) {
         Py_ssize_t len = PyBytes_GET_SIZE(data);
         if (len == 0)
             return 0;
-        return write_bytes(self, data, PyBytes_AS_STRING(data), len);
+        return write_bytes(self, data, PyBytes_AS_STRING(data), len, queue_only);
     }
     Py_buffer view;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
@@ -226,11 +229,11 @@ write_object(TransportObject *self, PyObject *data)
                                   "can't set bytearray slice from memoryview",
                                   &lost) < 0)
             return -1;
-        return lost ? write_bytes(self, NULL, NULL, 1) : 0;
+        return lost ? write_bytes(self, NULL, NULL, 1, 0) : 0;
     }
     int rc = 0;
     if (view.len > 0)
-        rc = write_bytes(self, data, view.buf, view.len);
+        rc = write_bytes(self, data, view.buf, view.len, queue_only);
     PyBuffer_Release(&view);
     return rc;
 }
@@ -240,7 +243,7 @@ tl_stream_write_buf(TransportObject *self, const char *buf, Py_ssize_t len)
 {
     if (check_can_write(self, "write") < 0)
         return -1;
-    return len == 0 ? 0 : write_bytes(self, NULL, buf, len);
+    return len == 0 ? 0 : write_bytes(self, NULL, buf, len, 0);
 }
 
 PyObject *
@@ -250,25 +253,40 @@ tl_stream_write(TransportObject *self, PyObject *data)
                                   data) < 0 ||
         check_can_write(self, "write") < 0)
         return NULL;
-    if (write_object(self, data) < 0)
+    if (write_object(self, data, 0) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
-/* Write the items of seq (checked already) in order; after the first
- * write that loses the connection, the rest has nowhere to go. */
+static int stream_write_ready(PyObject *obj);
+
+/* Write the items of seq (checked already) as the stock writelines()
+ * does, in one send: 3.12+ queue them all and send the queue with one
+ * sendmsg() (_write_ready), 3.11 joins them and writes once.  What is
+ * left waits for the writer; the protocol is paused (or not) once, after. */
 static PyObject *
 write_items(TransportObject *self, PyObject *seq)
 {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    int was_lost = self->conn_lost;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (write_object(self, items[i]) < 0)
-            return NULL;
-        if (!was_lost && self->conn_lost)
-            break;   /* one failure, one report */
+    if (n == 1 || self->conn_lost) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (write_object(self, items[i], 0) < 0)
+                return NULL;
+        Py_RETURN_NONE;
     }
+    size_t queued = self->wq_len;
+    for (Py_ssize_t i = 0; i < n && !self->conn_lost; i++)
+        if (write_object(self, items[i], 1) < 0)
+            return NULL;
+    if (self->wq_len == queued || self->conn_lost)
+        Py_RETURN_NONE;             /* nothing to send, or a buffer refused */
+    if (stream_write_ready((PyObject *)self) < 0)
+        return NULL;
+    if (self->wq_len && !self->conn_lost && tl_tr_add_writer(self) < 0)
+        return NULL;
+    if (tl_tr_maybe_pause_protocol(self) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -286,7 +304,7 @@ writelines_views(TransportObject *self, PyObject *list)
     if (truth <= 0)
         return truth < 0 ? NULL : Py_NewRef(Py_None);
     if (self->conn_lost) {
-        if (write_bytes(self, NULL, NULL, 0) < 0)
+        if (write_bytes(self, NULL, NULL, 0, 0) < 0)
             return NULL;
         Py_RETURN_NONE;
     }
@@ -362,7 +380,7 @@ tl_stream_writelines(TransportObject *self, PyObject *list)
             total += len;
         }
         Py_DECREF(seq);
-        if (total && write_bytes(self, NULL, NULL, 0) < 0)
+        if (total && write_bytes(self, NULL, NULL, 0, 0) < 0)
             return NULL;
         Py_RETURN_NONE;
     }
