@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from loop_helpers import child_env, sigint_default
+from loop_helpers import SLOW, child_env, sigint_default
 
 LOOP_NAMES = ["asyncio", "tideloop"]
 SRC_DIR = Path(__file__).resolve().parents[1] / "src"
@@ -26,8 +26,8 @@ SRC_DIR = Path(__file__).resolve().parents[1] / "src"
 # A hung loop must not hang the suite: SIGALRM raises in the main thread
 # (a loop that checks signals while polling surfaces it as an exception);
 # faulthandler is the last resort and kills the process with tracebacks.
-TEST_TIMEOUT = 30
-HARD_TIMEOUT = 90
+TEST_TIMEOUT = 30 * SLOW
+HARD_TIMEOUT = 90 * SLOW
 
 
 class WatchdogTimeout(BaseException):

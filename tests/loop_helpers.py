@@ -2,9 +2,15 @@
 import os
 import re
 import signal
+import sysconfig
 from pathlib import Path
 
 SRC_DIR = Path(__file__).resolve().parents[1] / "src"
+
+# What a time limit is multiplied by on a free-threaded build: its
+# interpreter specialises no bytecode and starts slower, about twice the
+# time of a GIL build for a test child (seen on the 3.13t leg under load).
+SLOW = 2 if sysconfig.get_config_var("Py_GIL_DISABLED") else 1
 
 
 def stop_after(loop, seconds):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from loop_helpers import child_env
+from loop_helpers import SLOW, child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "stress" / "run.py"
@@ -32,7 +32,7 @@ from scenarios.g_close_with_live_fds import expected_warnings
 
 SANITIZE = os.environ.get("TIDELOOP_SANITIZE_RUN") == "1"
 SCALE = 0.1 if SANITIZE else 1.0
-CHILD_TIMEOUT = 27  # below the 30 s watchdog
+CHILD_TIMEOUT = 27 * SLOW  # below the 30 s watchdog (conftest: times SLOW too)
 SZ = stress_run.sizes("quick", SCALE)
 
 

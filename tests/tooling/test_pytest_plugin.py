@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from loop_helpers import child_env
+from loop_helpers import SLOW, child_env
 
 pytest.importorskip("pytest_asyncio", minversion="1.4")
 anyio = pytest.importorskip("anyio")
 
 ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT = 25
+TIMEOUT = 25 * SLOW
 
 
 def _name(cls):

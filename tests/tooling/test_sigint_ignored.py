@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from loop_helpers import child_env
+from loop_helpers import SLOW, child_env
 
 REPO = Path(__file__).resolve().parents[2]
 SUBSET = [
@@ -36,7 +36,7 @@ def test_sigint_tests_pass_with_sigint_ignored():
     assert probe.stdout.strip() == "True", probe        # the set-up holds
     out = subprocess.run([sys.executable, "-m", "pytest", *SUBSET, "-q",
                           "-p", "no:cacheprovider"],
-                         capture_output=True, text=True, timeout=25, cwd=REPO,
+                         capture_output=True, text=True, timeout=25 * SLOW, cwd=REPO,
                          env=child_env(), stdin=subprocess.DEVNULL,
                          preexec_fn=_ignore_sigint)
     summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
@@ -53,7 +53,7 @@ def test_conformance_runner_children_get_sigint(tmp_path):
     out = subprocess.run([sys.executable, str(REPO / "tests" / "conformance" / "run.py"),
                           "--loop", "both", "--modules", "test_runners",
                           "--test-timeout", "2", "--json", str(report)],
-                         capture_output=True, text=True, timeout=25, cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=25 * SLOW, cwd=REPO, env=env,
                          stdin=subprocess.DEVNULL, preexec_fn=_ignore_sigint)
     assert out.returncode == 0, out.stdout + out.stderr
     doc = json.loads(report.read_text())
