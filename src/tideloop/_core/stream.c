@@ -213,7 +213,8 @@ check_can_write(TransportObject *self, const char *method)
     return 0;
 }
 
-static int
+/* Inlined: write() is the hot caller, and queue_only is a constant there. */
+static inline __attribute__((always_inline)) int
 write_object(TransportObject *self, PyObject *data, int queue_only)
 {
     if (PyBytes_CheckExact(data)) {
