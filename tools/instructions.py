@@ -15,17 +15,15 @@ Each workload runs in one process, on one loop, with one operation in flight
 (so nothing depends on timing: every poll finds exactly what the previous
 step made ready), under valgrind's callgrind: a warm-up run of R
 operations, then R, then 3R (callgrind dumps its counts at a marker after
-each run).  The slope, (Ir(3R) - Ir(R)) / 2R, is
-the user-space instructions one more operation costs, without start-up,
-imports and exit; the figure is its least over five orders of the
-interpreter's type tags (TAG_SHIFTS: the method cache's collisions otherwise
-move it by up to 5 %).
-The interpreter runs with PYTHONHASHSEED=0, address-space randomisation
-off (setarch -R), glibc's baseline x86-64 copy and string routines
+each run).  The slope, (Ir(3R) - Ir(R)) / 2R, is the user-space
+instructions one more operation costs, without start-up, imports and exit;
+the figure is its least over five orders of the interpreter's type tags
+(TAG_SHIFTS: the method cache's collisions otherwise move it by up to 5 %).
+The interpreter runs with PYTHONHASHSEED=0, address-space randomisation off
+(setarch -R), glibc's baseline x86-64 copy and string routines
 (GLIBC_TUNABLES, whatever the CPU), from paths of fixed length with a
-minimal environment, so a figure
-repeats to within a few instructions from one machine or checkout to
-another.
+minimal environment, so a figure repeats to within a few instructions from
+one machine or checkout to another.
 
 Workloads (tideloop, CPython of this interpreter):
   call-soon        call_soon() and the callback's run, 100 an iteration
@@ -481,9 +479,13 @@ def callgrind_slope(name, n, work, python, env, shift=0):
            "--shift", str(shift)]
     if shutil.which("setarch"):
         cmd = ["setarch", platform.machine(), "-R", *cmd]
-    p = subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    _, err = p.communicate(timeout=1200)
+    with subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as p:
+        try:
+            _, err = p.communicate(timeout=1200)
+        except subprocess.TimeoutExpired:
+            p.kill()            # (run() would; Popen for the pid the dumps carry)
+            raise
     if p.returncode != 0:
         raise RuntimeError(f"{name} failed: {err.strip().splitlines()[-1:]}")
     base = out.replace("%p", str(p.pid))   # (setarch execs valgrind: one pid)

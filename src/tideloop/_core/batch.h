@@ -115,9 +115,7 @@ run_item(LoopObject *self, tl_ready_item it, PyObject **held, tl_io_watcher **w,
         *held = (PyObject *)it;
         return run_handle_item(self, (HandleObject *)it, entered);
     }
-    *held = (*w)->owner;
-    assert((*w)->queued);   /* its one item, this one */
-    (*w)->queued = 0;
+    *held = tl_io_unqueue(*w);     /* its one item, this one */
     return run_io_item(self, *w, entered);
 }
 

@@ -91,14 +91,14 @@ tl_io_mark_queued(tl_io_watcher *w)
     return 1;
 }
 
-/* Its item left the ready queue (run, skipped or cleared): the queue's
- * reference to the owner goes. */
-static inline void
-tl_io_mark_unqueued(tl_io_watcher *w)
+/* Its item left the ready queue (to run, or cleared): the queue's
+ * reference to the owner passes to the caller. */
+static inline PyObject *
+tl_io_unqueue(tl_io_watcher *w)
 {
     assert(w->queued);
     w->queued = 0;
-    Py_DECREF(w->owner);
+    return w->owner;
 }
 
 #endif

@@ -149,7 +149,7 @@ tl_ready_clear(tl_ready_queue *q)
         tl_ready_item it = tl_ready_pop(q);
         tl_io_watcher *w = tl_ready_io(it);
         if (w != NULL)
-            tl_io_mark_unqueued(w);
+            Py_DECREF(tl_io_unqueue(w));
         else
             Py_DECREF((PyObject *)it);
     }

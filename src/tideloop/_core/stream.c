@@ -263,8 +263,9 @@ static int stream_write_ready(PyObject *obj);
 
 /* Write the items of seq (checked already) as the stock writelines()
  * does, in one send: 3.12+ queue them all and send the queue with one
- * sendmsg() (_write_ready), 3.11 joins them and writes once.  What is
- * left waits for the writer; the protocol is paused (or not) once, after. */
+ * sendmsg() (_write_ready), 3.11 joins them and writes once (behind a
+ * queue, it only queues, as write() does).  What is left waits for the
+ * writer; the protocol is paused (or not) once, after. */
 static PyObject *
 write_items(TransportObject *self, PyObject *seq)
 {
@@ -282,9 +283,11 @@ write_items(TransportObject *self, PyObject *seq)
             return NULL;
     if (self->wq_len == queued || self->conn_lost)
         Py_RETURN_NONE;             /* nothing to send, or a buffer refused */
-    if (stream_write_ready((PyObject *)self) < 0)
+    int send_now = queued == 0 || self->loop->state->writelines_views;
+    if (send_now && stream_write_ready((PyObject *)self) < 0)
         return NULL;
-    if (self->wq_len && !self->conn_lost && tl_tr_add_writer(self) < 0)
+    if (self->wq_len && !self->conn_lost && !(self->watching & TL_POLL_WRITE) &&
+        tl_tr_add_writer(self) < 0)
         return NULL;
     if (tl_tr_maybe_pause_protocol(self) < 0)
         return NULL;
