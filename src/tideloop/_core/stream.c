@@ -164,15 +164,22 @@ stream_read_ready(PyObject *obj)
 
 /* ---- writing ---- */
 
-/* queue_only: the caller sends the whole queue after (writelines). */
+/* writelines(): queued only; the caller sends the whole queue after. */
 static int
-write_bytes(TransportObject *self, PyObject *obj, const char *data,
-            Py_ssize_t len, int queue_only)
+queue_bytes(TransportObject *self, PyObject *obj, const char *data,
+            Py_ssize_t len)
 {
     if (self->conn_lost)
         return tl_tr_count_lost_write(self, "socket.send() raised exception.");
-    if (queue_only)
-        return tl_wq_push(self, obj, data, len);
+    return tl_wq_push(self, obj, data, len);
+}
+
+static int
+write_bytes(TransportObject *self, PyObject *obj, const char *data,
+            Py_ssize_t len)
+{
+    if (self->conn_lost)
+        return tl_tr_count_lost_write(self, "socket.send() raised exception.");
     if (self->wq_len == 0) {
         /* Nothing queued: try to send now. */
         ssize_t n;
@@ -221,7 +228,8 @@ write_object(TransportObject *self, PyObject *data, int queue_only)
         Py_ssize_t len = PyBytes_GET_SIZE(data);
         if (len == 0)
             return 0;
-        return write_bytes(self, data, PyBytes_AS_STRING(data), len, queue_only);
+        return queue_only ? queue_bytes(self, data, PyBytes_AS_STRING(data), len)
+                          : write_bytes(self, data, PyBytes_AS_STRING(data), len);
     }
     Py_buffer view;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
@@ -230,11 +238,12 @@ write_object(TransportObject *self, PyObject *data, int queue_only)
                                   "can't set bytearray slice from memoryview",
                                   &lost) < 0)
             return -1;
-        return lost ? write_bytes(self, NULL, NULL, 1, 0) : 0;
+        return lost ? write_bytes(self, NULL, NULL, 1) : 0;
     }
     int rc = 0;
     if (view.len > 0)
-        rc = write_bytes(self, data, view.buf, view.len, queue_only);
+        rc = queue_only ? queue_bytes(self, data, view.buf, view.len)
+                        : write_bytes(self, data, view.buf, view.len);
     PyBuffer_Release(&view);
     return rc;
 }
@@ -244,7 +253,7 @@ tl_stream_write_buf(TransportObject *self, const char *buf, Py_ssize_t len)
 {
     if (check_can_write(self, "write") < 0)
         return -1;
-    return len == 0 ? 0 : write_bytes(self, NULL, buf, len, 0);
+    return len == 0 ? 0 : write_bytes(self, NULL, buf, len);
 }
 
 PyObject *
@@ -308,7 +317,7 @@ writelines_views(TransportObject *self, PyObject *list)
     if (truth <= 0)
         return truth < 0 ? NULL : Py_NewRef(Py_None);
     if (self->conn_lost) {
-        if (write_bytes(self, NULL, NULL, 0, 0) < 0)
+        if (write_bytes(self, NULL, NULL, 0) < 0)
             return NULL;
         Py_RETURN_NONE;
     }
@@ -384,7 +393,7 @@ tl_stream_writelines(TransportObject *self, PyObject *list)
             total += len;
         }
         Py_DECREF(seq);
-        if (total && write_bytes(self, NULL, NULL, 0, 0) < 0)
+        if (total && write_bytes(self, NULL, NULL, 0) < 0)
             return NULL;
         Py_RETURN_NONE;
     }
