@@ -422,18 +422,23 @@ def _suites(name):
 
 
 def instructions_table():
-    """tools/instructions.py: the committed baseline and its history."""
+    """tools/instructions.py: the committed baseline and its history: the
+    instructions, then the allocator calls, per operation."""
     base = _load("instructions.json")
     hist = _load("instructions-history.json")
     names = list(base["figures"])
     for c in hist["commits"]:
         names += [n for n in c["figures"] if n not in names]
-    rows = [["baseline (`results/instructions.json`)"]
-            + [sig(base["figures"].get(n)) for n in names]]
-    rows += [[f"`{c['commit'][:7]}`"] + [sig(c["figures"].get(n)) for n in names]
-             for c in hist["commits"]]
-    return (table(["tree"] + [f"`{n}`" for n in names], rows)
-            + f"\n\n{base['unit']}, Python {base['python']}.")
+    header = ["tree"] + [f"`{n}`" for n in names]
+    trees = ([("baseline (`results/instructions.json`)", base)]
+             + [(f"`{c['commit'][:7]}`", c) for c in hist["commits"]])
+
+    def rows(key):
+        return [[label] + [sig(doc.get(key, {}).get(n)) for n in names]
+                for label, doc in trees]
+    return (table(header, rows("figures"))
+            + f"\n\n{base['unit']}, Python {base['python']}. Calls into glibc's allocator per"
+            " operation:\n\n" + table(header, rows("allocator_calls")))
 
 
 # --- the targets: what PASS/FAIL checks (bench/README.md) ---------------------

@@ -6,6 +6,7 @@
     python tools/instructions.py --only echo-streams --json out.json
     python tools/instructions.py --src /tmp/old/src     # an earlier commit, built in place
     python tools/instructions.py --figures out.json     # compare a saved run, no measuring
+    python tools/instructions.py --history REV [REV ...]  # those commits, for the docs
 
 By default the extension is built from this checkout in a scratch copy
 (setup.py's flags), so that the figures are of the code, not of whatever
@@ -16,14 +17,16 @@ Each workload runs in one process, on one loop, with one operation in flight
 step made ready), under valgrind's callgrind: a warm-up run of R
 operations, then R, then 3R (callgrind dumps its counts at a marker after
 each run).  The slope, (Ir(3R) - Ir(R)) / 2R, is the user-space
-instructions one more operation costs, without start-up, imports and exit;
-the figure is its least over five orders of the interpreter's type tags
-(TAG_SHIFTS: the method cache's collisions otherwise move it by up to 5 %).
-The interpreter runs with PYTHONHASHSEED=0, address-space randomisation off
-(setarch -R), glibc's baseline x86-64 copy and string routines
-(GLIBC_TUNABLES, whatever the CPU), from paths of fixed length with a
-minimal environment, so a figure repeats to within a few instructions from
-one machine or checkout to another.
+instructions one more operation costs, without start-up, imports and exit.
+glibc's allocator (malloc, free and their internals) is left out of the
+figure and its calls are counted instead, a second guarded figure: what a
+call costs in glibc's bins depends on the heap's history, not on the code
+(one tree's echo-protocol moved by 7 % with the number of unrelated objects
+made first).  The interpreter runs with PYTHONHASHSEED=0, address-space
+randomisation off (setarch -R), glibc's baseline x86-64 copy and string
+routines (GLIBC_TUNABLES, whatever the CPU), from paths of fixed length with
+a minimal environment, so a figure repeats to within a few instructions
+from one machine or checkout to another.
 
 Workloads (tideloop, CPython of this interpreter):
   call-soon        call_soon() and the callback's run, 100 an iteration
@@ -50,8 +53,9 @@ test measures it, still with one request in flight:
 no baseline).
 
 The baseline is results/instructions.json.  The exit status is 1 when any
-workload costs more than --tolerance (default 3 %) above its baseline, when
-one could not run, or when one is missing from the baseline; a change that
+workload costs more than --tolerance (default 3 %) above its baseline or
+calls the allocator more often than that, when one could not run, or when
+one is missing from the baseline; a change that
 makes a path dearer on purpose updates the baseline in the same commit
 (--update), so the reason stands beside the number.
 """
@@ -71,6 +75,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 BASELINE = os.path.join(REPO, "results", "instructions.json")
+HISTORY = os.path.join(REPO, "results", "instructions-history.json")
 # The measured child runs from a copy of this file; it finds the certificates here.
 CERTS = os.environ.get("TIDELOOP_INSTR_CERTS") or os.path.join(REPO, "tests", "certs")
 
@@ -86,14 +91,7 @@ WORKLOADS = {          # name: operations of the R run
     "server-lines": 500,
     "server-frames": 500,
 }
-# The interpreter's method cache is a table indexed by a type's version tag
-# and the attribute's name: which hot lookups collide depends on the order
-# types were tagged in, so an unrelated import moved echo-protocol between
-# two figures 5 % apart (7,048 and 7,420, one collision or none).  Each
-# workload runs with the tags shifted by 0 to 4 throwaway types first, and
-# its figure is the least of the five: the path's cost without an unlucky
-# collision (in the runs seen, 3 shifts in 8 had it).
-TAG_SHIFTS = (0, 1, 2, 3, 4)
+UNIT = "user-space instructions per operation, glibc's allocator left out"
 BATCH = 100
 MESSAGE = b"x" * 1024
 
@@ -431,13 +429,11 @@ RUNNERS = {"call-soon": run_call_soon, "timers": run_timers,
            "server-lines": run_server_lines, "server-frames": run_server_frames}
 
 
-def child(name, n, shift=0):
+def child(name, n):
     """A warm-up run of n operations, then n and 3n on the same loop, each
     run followed by os.getppid(): the marker callgrind dumps its counts at
     (--dump-before), so the driver reads the two measured runs' own counts."""
     import gc
-    shifted = [type(f"Shift{k}", (), {"tag": k}) for k in range(shift)]
-    assert [t.tag for t in shifted] == list(range(shift))   # (a lookup tags a type)
     loop = _new_loop()
     gc.disable()          # collections at allocation counts: deterministic, but noise
     try:
@@ -469,14 +465,107 @@ GLIBC_PIN = ("glibc.cpu.hwcaps=" + ",".join("-" + f for f in _X86_FEATURES_OFF)
              + ":glibc.cpu.x86_rep_stosb_threshold=0x4000000")
 
 
-def callgrind_slope(name, n, work, python, env, shift=0):
-    """The instructions one more operation costs: one process under callgrind
-    (child()), its counts dumped at each marker: (Ir(3n) - Ir(n)) / 2n."""
-    out = os.path.join(work, f"cg.{name}.{shift}.%p.out")
+# glibc's allocator serves the 1 KiB payloads (too large for the
+# interpreter's pymalloc and for glibc's tcache) from its bins, and what a
+# call costs there depends on the heap's history: whether the freed chunk
+# coalesces with a free neighbour, what the unsorted bin holds.  On one tree
+# it moved echo-protocol's figure from 7,041 to 7,577 with the number of
+# throwaway types made before the loop, every other function's count equal.
+# The figure leaves out the self cost of these functions and counts the calls
+# into the allocator instead, guarded apart: the code decides how often it
+# allocates, not what glibc's bins cost that run.
+ALLOCATOR_ENTRIES = frozenset((
+    "malloc", "free", "calloc", "realloc", "reallocarray", "posix_memalign",
+    "aligned_alloc", "memalign", "valloc", "pvalloc"))
+ALLOCATOR_INTERNALS = frozenset((
+    "_int_malloc", "_int_free", "_int_realloc", "_int_memalign", "unlink_chunk",
+    "malloc_consolidate", "alloc_perturb", "free_perturb", "sysmalloc", "systrim",
+    "tcache_init", "tcache_get", "tcache_put", "ptmalloc_init", "arena_get2",
+    "_mid_memalign", "__libc_malloc", "__libc_free", "__libc_calloc",
+    "__libc_realloc", "__libc_memalign", "__default_morecore", "__glibc_morecore"))
+
+
+def _allocator(ob, fn):
+    """Whether fn (of object ob) is glibc's allocator: an entry point or its
+    internals (compiler clones such as unlink_chunk.constprop.0 included)."""
+    if "libc.so" not in ob:
+        return False
+    base = fn.split(".")[0].split("@")[0]
+    return base in ALLOCATOR_ENTRIES or base in ALLOCATOR_INTERNALS
+
+
+def dump_costs(path):
+    """(instructions outside glibc's allocator, calls into it, total) of one
+    callgrind dump part.  A function's self cost is the cost lines of its fn=
+    block, except the line after each calls=, which is the callee's inclusive
+    cost; names are compressed as "(id) name" once, "(id)" after."""
+    names = {"ob": {}, "fn": {}}
+
+    def name(kind, rest):
+        rest = rest.strip()
+        if not rest.startswith("("):
+            return rest
+        ident, _, text = rest[1:].partition(")")
+        if text.strip():
+            names[kind][ident] = text.strip()
+        return names[kind].get(ident, "?")
+    outside = inside = calls = 0
+    total = None
+    ob = fn = callee_ob = callee = ""
+    in_allocator = skip_next = False
+    with open(path) as f:
+        for line in f:
+            c = line[:1]
+            if c.isdigit() or c in "+-*":
+                if skip_next:            # a call's inclusive cost, not self
+                    skip_next = False
+                    continue
+                parts = line.split()
+                if len(parts) > 1:
+                    if in_allocator:
+                        inside += int(parts[1])
+                    else:
+                        outside += int(parts[1])
+                continue
+            key, _, rest = line.partition("=")
+            if key == "ob":
+                ob = name("ob", rest)
+                in_allocator = _allocator(ob, fn)
+            elif key == "fn":
+                fn = name("fn", rest)
+                callee_ob = ob
+                in_allocator = _allocator(ob, fn)
+            elif key == "cob":
+                callee_ob = name("ob", rest)
+            elif key == "cfn":
+                callee = name("fn", rest)
+            elif key == "calls":
+                skip_next = True
+                # calls into an entry point from outside the allocator (its
+                # internal calls, realloc calling malloc say, are not the code's)
+                if (not in_allocator and _allocator(callee_ob, callee)
+                        and callee.split(".")[0].split("@")[0] in ALLOCATOR_ENTRIES):
+                    calls += int(rest.split()[0])
+                callee_ob = ob
+            elif line.startswith(("summary:", "totals:")):
+                total = int(line.split()[1])
+    if total is None or total != outside + inside:
+        raise RuntimeError(f"{path}: the functions' costs ({outside + inside:,}) do not "
+                           f"add up to the part's total ({total})")
+    return outside, calls, total
+
+
+def callgrind_slope(name, n, work, python, env):
+    """What one more operation costs: one process under callgrind (child()),
+    its counts dumped at each marker; each figure (count(3n) - count(n)) / 2n.
+    (instructions outside glibc's allocator, allocator calls, all instructions)."""
+    # Not in `work`: the child's import system lists its script's directory,
+    # and earlier runs' files there would move the heap (1 % on echo-sockets).
+    os.makedirs(os.path.join(work, "out"), exist_ok=True)
+    out = os.path.join(work, "out", f"cg.{name}.%p.out")
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
            "--dump-before=os_getppid*",
-           python, os.path.join(work, "child.py"), "--child", name, "--n", str(n),
-           "--shift", str(shift)]
+           python, os.path.join(work, "child.py"), "--child", name, "--n", str(n)]
     if shutil.which("setarch"):
         cmd = ["setarch", platform.machine(), "-R", *cmd]
     with subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.PIPE,
@@ -489,15 +578,11 @@ def callgrind_slope(name, n, work, python, env, shift=0):
     if p.returncode != 0:
         raise RuntimeError(f"{name} failed: {err.strip().splitlines()[-1:]}")
     base = out.replace("%p", str(p.pid))   # (setarch execs valgrind: one pid)
-
-    def total(part):
-        with open(f"{base}.{part}") as f:
-            for line in f:
-                if line.startswith(("summary:", "totals:")):
-                    return int(line.split()[1])
-        raise RuntimeError(f"{name}: no total in {base}.{part}")
     # Dumps: .1 start-up and warm-up, .2 the n run, .3 the 3n run.
-    return (total(3) - total(2)) / (2 * n)
+    short, long_ = dump_costs(f"{base}.2"), dump_costs(f"{base}.3")
+    for part in os.listdir(os.path.dirname(base)):
+        os.unlink(os.path.join(os.path.dirname(base), part))
+    return tuple((b - a) / (2 * n) for a, b in zip(short, long_))
 
 
 def build_scratch(python, where):
@@ -534,6 +619,12 @@ def prepare(work, python, src):
     else:
         shutil.copytree(src, os.path.join(work, "src"),
                         ignore=shutil.ignore_patterns("__pycache__"))
+    # Compiled now, so that every run imports the same way (a run that
+    # compiles the modules writes __pycache__ and leaves another heap).
+    p = subprocess.run([python, "-m", "compileall", "-q", os.path.join(work, "src")],
+                       capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        raise RuntimeError("compiling tideloop's modules failed: " + p.stdout[-1000:])
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
            "PYTHONHASHSEED": "0", "PYTHONPATH": os.path.join(work, "src"),
            "GLIBC_TUNABLES": GLIBC_PIN,
@@ -543,30 +634,33 @@ def prepare(work, python, src):
 
 
 def measure(names, python, src):
+    """{name: (instructions outside glibc's allocator, allocator calls)} per
+    operation, each workload in one callgrind run."""
     # mkdtemp's names have a fixed length; /tmp, not $TMPDIR, whose length varies.
     work = tempfile.mkdtemp(prefix="tlinstr-", dir="/tmp")
-    figures = {}
+    figures, calls = {}, {}
     try:
         env = prepare(work, python, src)
         for name in names:
-            r = WORKLOADS[name]
             t = time.monotonic()
-            slopes = [callgrind_slope(name, r, work, python, env, shift)
-                      for shift in TAG_SHIFTS]
-            figures[name] = round(min(slopes))
-            print(f"  {name:<15} {figures[name]:>9,} instructions per operation "
-                  f"(tag shifts: {', '.join(f'{x:,.0f}' for x in slopes)}; "
+            outside, allocs, total = callgrind_slope(name, WORKLOADS[name], work, python, env)
+            figures[name], calls[name] = round(outside), round(allocs, 2)
+            print(f"  {name:<15} {figures[name]:>9,} instructions per operation, "
+                  f"{calls[name]:g} allocator calls ({total:,.0f} with glibc's allocator; "
                   f"{time.monotonic() - t:.0f} s)", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return figures
+    return figures, calls
 
 
-def compare(base, figures, names, tolerance):
+def compare(base, figures, names, tolerance, base_calls=None, calls=None):
     """(table lines, failures, workloads cheaper than the baseline by more than
     ``tolerance``): a workload fails when it costs more than ``tolerance``
-    above its baseline or has none."""
-    lines = [f"{'workload':<15} {'baseline':>10} {'now':>10} {'ratio':>7}"]
+    above its baseline or has none, or when it calls the allocator more
+    often than ``tolerance`` above its baseline's calls (and 0.05 a call)."""
+    base_calls, calls = base_calls or {}, calls or {}
+    lines = [f"{'workload':<15} {'baseline':>10} {'now':>10} {'ratio':>7}"
+             f" {'allocator calls':>17}"]
     failed, lower = [], []
     for name in names:
         b = base.get(name)
@@ -576,13 +670,54 @@ def compare(base, figures, names, tolerance):
             lines.append(f"{name:<15} {'-':>10} {now:>10,} {'-':>7}  FAIL")
             continue
         ratio = now / b
-        mark = "  FAIL" if ratio > 1 + tolerance else ""
-        lines.append(f"{name:<15} {b:>10,} {now:>10,} {ratio:>6.3f}x{mark}")
-        if mark:
+        bc, nc = base_calls.get(name), calls.get(name)
+        more_calls = bc is not None and nc is not None and nc > bc * (1 + tolerance) + 0.05
+        mark = "  FAIL" if ratio > 1 + tolerance or more_calls else ""
+        both = f"{bc:g} -> {nc:g}" if bc is not None and nc is not None else "-"
+        lines.append(f"{name:<15} {b:>10,} {now:>10,} {ratio:>6.3f}x {both:>17}{mark}")
+        if ratio > 1 + tolerance:
             failed.append(f"{name}: {ratio:.3f}x its baseline")
-        elif ratio < 1 - tolerance:
+        if more_calls:
+            failed.append(f"{name}: {nc:g} allocator calls, the baseline {bc:g}")
+        if not mark and ratio < 1 - tolerance:
             lower.append(f"{name} {ratio:.3f}x")
     return lines, failed, lower
+
+
+def history(revs, python):
+    """Measure each commit's tree (a git worktree, built in place with
+    setup.py's flags) and write results/instructions-history.json: the
+    figures of earlier commits, measured by this tool, for the docs."""
+    def git(*args, cwd=REPO):
+        return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                              text=True).stdout.strip()
+    tool = git("rev-parse", "--short=7", "HEAD")
+    commits = []
+    for rev in revs:
+        where = tempfile.mkdtemp(prefix="tlhist-")
+        try:
+            git("worktree", "add", "--detach", "-f", where, rev)
+            commit, date, subject = git("log", "-1", "--format=%H%n%cs%n%s", rev).split("\n", 2)
+            print(f"{commit[:7]} {subject[:60]}", flush=True)
+            p = subprocess.run([python, "setup.py", "-q", "build_ext", "--inplace"], cwd=where,
+                               capture_output=True, text=True, timeout=600,
+                               env={k: v for k, v in os.environ.items() if k != "TIDELOOP_DEV"})
+            if p.returncode != 0:
+                raise RuntimeError(f"{rev}: the build failed: {p.stderr.strip()[-500:]}")
+            figures, calls = measure(list(WORKLOADS), python, os.path.join(where, "src"))
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", where], cwd=REPO,
+                           capture_output=True)
+            shutil.rmtree(where, ignore_errors=True)
+        commits.append({"commit": commit[:12], "date": date, "subject": subject,
+                        "figures": figures, "allocator_calls": calls})
+    with open(HISTORY, "w") as f:
+        json.dump({"unit": UNIT, "python": platform.python_version(),
+                   "tool": f"tools/instructions.py at {tool}, --history on each commit's tree",
+                   "commits": commits}, f, indent=1)
+        f.write("\n")
+    print(f"instructions: {len(commits)} commit(s) written ({HISTORY})")
+    return 0
 
 
 def main(argv=None):
@@ -598,20 +733,21 @@ def main(argv=None):
                          "built in a scratch copy with setup.py's flags")
     ap.add_argument("--figures", metavar="JSON",
                     help="compare the figures of an earlier --json file instead of measuring")
+    ap.add_argument("--history", nargs="+", metavar="REV",
+                    help="measure these commits' trees and write " + os.path.relpath(HISTORY, REPO))
     ap.add_argument("--loop", choices=("tideloop", "asyncio", "uvloop"), default="tideloop",
                     help="the loop measured (asyncio's and uvloop's figures have no baseline)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--shift", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        child(args.child, args.n, args.shift)
+        child(args.child, args.n)
         return 0
     if args.figures:
         with open(args.figures) as f:
             measured = json.load(f)
         names = list(measured["figures"])
-        return check(measured["figures"], names, args)
+        return check(measured["figures"], names, args, measured.get("allocator_calls"))
     if not shutil.which("valgrind"):
         print("instructions: valgrind is needed (apt-get install valgrind)", file=sys.stderr)
         return 1
@@ -621,16 +757,22 @@ def main(argv=None):
             ap.error(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
     python = os.path.realpath(sys.executable)
     os.environ["TIDELOOP_INSTR_LOOP"] = args.loop
+    if args.history:
+        try:
+            return history(args.history, python)
+        except (RuntimeError, subprocess.TimeoutExpired, subprocess.CalledProcessError) as exc:
+            print(f"instructions: FAIL: {exc}", file=sys.stderr)
+            return 1
     print(f"instructions: {len(names)} workload(s) under callgrind on "
           f"{platform.python_implementation()} {platform.python_version()}, {args.loop}",
           flush=True)
     try:
-        figures = measure(names, python, args.src and os.path.abspath(args.src))
+        figures, calls = measure(names, python, args.src and os.path.abspath(args.src))
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         print(f"instructions: FAIL: {exc}", file=sys.stderr)
         return 1
-    doc = {"python": platform.python_version(), "unit": "user-space instructions per operation",
-           "figures": figures}
+    doc = {"python": platform.python_version(), "unit": UNIT,
+           "figures": figures, "allocator_calls": calls}
     if args.loop != "tideloop":
         doc["loop"] = args.loop
     if args.json:
@@ -643,17 +785,18 @@ def main(argv=None):
         old = {}
         if os.path.exists(args.baseline):
             with open(args.baseline) as f:
-                old = json.load(f).get("figures", {})
-        doc["figures"] = {**old, **figures}
+                old = json.load(f)
+        for key in ("figures", "allocator_calls"):
+            doc[key] = {**old.get(key, {}), **doc[key]}
         with open(args.baseline, "w") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")
         print(f"instructions: baseline written ({args.baseline})")
         return 0
-    return check(figures, names, args)
+    return check(figures, names, args, calls)
 
 
-def check(figures, names, args):
+def check(figures, names, args, calls=None):
     """Compare with the baseline and print the verdict: the exit status."""
     try:
         with open(args.baseline) as f:
@@ -666,7 +809,8 @@ def check(figures, names, args):
         print(f"instructions: FAIL: the baseline is of Python {base.get('python')}, "
               f"this is {platform.python_version()}", file=sys.stderr)
         return 1
-    lines, failed, lower = compare(base["figures"], figures, names, args.tolerance)
+    lines, failed, lower = compare(base["figures"], figures, names, args.tolerance,
+                                   base.get("allocator_calls"), calls)
     print("\n" + "\n".join(lines))
     if failed:
         print(f"\ninstructions: FAIL (more than {args.tolerance:.0%} above the baseline: "
