@@ -39,25 +39,25 @@ COUNTERS = ("iterations", "polls", "callbacks", "io_events", "timers_fired",
 
 # -- every loop of the process -------------------------------------------------
 
-# id -> weak reference.  Loops are made and freed in any thread (a WeakSet
-# changes size under an iteration in another thread); the lock is reentrant
-# because a loop freed while it is held runs its weak reference's callback
-# there.
+# id -> weak reference keyed by that id.  Loops are made and freed in any
+# thread (a WeakSet changes size under an iteration in another thread); the
+# lock is reentrant because a loop freed while it is held runs its weak
+# reference's callback there.  Forgetting a loop does not iterate the table:
+# a collection inside that callback may free other loops and run theirs.
 _LOOPS = {}
 _LOOPS_LOCK = threading.RLock()
 
 
 def _forget_loop(ref, _loops=_LOOPS, _lock=_LOOPS_LOCK):
     with _lock:
-        for key, value in list(_loops.items()):
-            if value is ref:
-                del _loops[key]
+        if _loops.get(ref.key) is ref:
+            del _loops[ref.key]
 
 
 def register_loop(loop):
     """A new loop (tideloop.Loop.__init__): listed by :func:`loops`."""
     with _LOOPS_LOCK:
-        _LOOPS[id(loop)] = weakref.ref(loop, _forget_loop)
+        _LOOPS[id(loop)] = weakref.KeyedRef(loop, _forget_loop, id(loop))
 
 
 def live_loops():

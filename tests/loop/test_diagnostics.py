@@ -521,6 +521,46 @@ def test_loops_lists_the_open_tideloop_loops(tl):
     stock.close()
 
 
+def test_loops_freed_by_a_collection_while_one_is_forgotten_are_forgotten():
+    """A loop freed by its last reference runs its weak reference's callback;
+    an allocation there may run a collection that frees other loops (kept
+    alive by cycles), whose callbacks then run inside it.  Each is forgotten
+    and none reports an error (it did: "dictionary changed size during
+    iteration", through sys.unraisablehook, on 3.11, where an allocation
+    collects at once; 3.12+ collect at the next bytecode).  The collection
+    is placed at each of the next 200 allocations in turn."""
+    import gc
+    errors = []
+    hook, sys.unraisablehook = sys.unraisablehook, errors.append
+    threshold = gc.get_threshold()
+    gc.collect()
+    gc.disable()
+    try:
+        made = set()
+        for later in range(1, 200):
+            for _ in range(3):
+                cyclic = tideloop.new_event_loop()
+                cyclic.close()
+                cyclic.cycle = cyclic       # freed by a collection only
+                made.add(id(cyclic))
+            del cyclic
+            last = tideloop.new_event_loop()
+            last.close()
+            made.add(id(last))
+            gc.set_threshold(gc.get_count()[0] + later)
+            gc.enable()
+            del last                        # its callback allocates
+            gc.disable()
+            gc.set_threshold(*threshold)
+            gc.collect()
+        assert [f"{type(e.exc_value).__name__}: {e.exc_value}" for e in errors] == []
+        assert not made & set(tideloop._diag_state._LOOPS), "freed loops still listed"
+    finally:
+        sys.unraisablehook = hook
+        gc.set_threshold(*threshold)
+        gc.enable()
+
+
 def test_slow_callback_threshold_errors(tl):
     with pytest.raises(ValueError, match="slow-callback threshold"):
         diagnostics.report_slow_callbacks(0, tl)
