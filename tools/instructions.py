@@ -497,13 +497,17 @@ ALLOCATOR_INTERNALS = frozenset((
     "__libc_realloc", "__libc_memalign", "__default_morecore", "__glibc_morecore"))
 
 
+def _symbol(fn):
+    """A function's name without a compiler clone's or a version's suffix
+    (unlink_chunk.constprop.0, memcpy@GLIBC_2.2.5)."""
+    return fn.split(".")[0].split("@")[0]
+
+
 def _allocator(ob, fn):
     """Whether fn (of object ob) is glibc's allocator: an entry point or its
-    internals (compiler clones such as unlink_chunk.constprop.0 included)."""
-    if "libc.so" not in ob:
-        return False
-    base = fn.split(".")[0].split("@")[0]
-    return base in ALLOCATOR_ENTRIES or base in ALLOCATOR_INTERNALS
+    internals."""
+    return "libc.so" in ob and (_symbol(fn) in ALLOCATOR_ENTRIES
+                                or _symbol(fn) in ALLOCATOR_INTERNALS)
 
 
 def dump_costs(path):
@@ -555,8 +559,8 @@ def dump_costs(path):
                 skip_next = True
                 # calls into an entry point from outside the allocator (its
                 # internal calls, realloc calling malloc say, are not the code's)
-                if (not in_allocator and _allocator(callee_ob, callee)
-                        and callee.split(".")[0].split("@")[0] in ALLOCATOR_ENTRIES):
+                if (not in_allocator and "libc.so" in callee_ob
+                        and _symbol(callee) in ALLOCATOR_ENTRIES):
                     calls += int(rest.split()[0])
                 callee_ob = ob
             elif line.startswith(("summary:", "totals:")):

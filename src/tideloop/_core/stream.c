@@ -164,16 +164,6 @@ stream_read_ready(PyObject *obj)
 
 /* ---- writing ---- */
 
-/* writelines(): queued only; the caller sends the whole queue after. */
-static int
-queue_bytes(TransportObject *self, PyObject *obj, const char *data,
-            Py_ssize_t len)
-{
-    if (self->conn_lost)
-        return tl_tr_count_lost_write(self, "socket.send() raised exception.");
-    return tl_wq_push(self, obj, data, len);
-}
-
 static int
 write_bytes(TransportObject *self, PyObject *obj, const char *data,
             Py_ssize_t len)
@@ -202,6 +192,17 @@ write_bytes(TransportObject *self, PyObject *obj, const char *data,
     if (tl_wq_push(self, obj, data, len) < 0)
         return -1;
     return tl_tr_maybe_pause_protocol(self);
+}
+
+/* writelines(): queued only; the caller sends the whole queue after (a
+ * lost connection counts the write as write_bytes() does). */
+static int
+queue_bytes(TransportObject *self, PyObject *obj, const char *data,
+            Py_ssize_t len)
+{
+    if (self->conn_lost)
+        return write_bytes(self, obj, data, len);
+    return tl_wq_push(self, obj, data, len);
 }
 
 /* method: "write" or "writelines", as the stock messages name it. */
