@@ -6,7 +6,6 @@ agree with it.  ``import tideloop`` is a plain import inside the fixture, so a
 missing or broken build makes every tideloop-param test fail, never skip.
 """
 import asyncio
-import faulthandler
 import gc
 import os
 import signal
@@ -17,6 +16,11 @@ import threading
 from pathlib import Path
 
 import pytest
+
+try:
+    import faulthandler
+except ImportError:     # an isolated subinterpreter: faulthandler is per process
+    faulthandler = None
 
 from loop_helpers import SLOW, child_env, sigint_default
 
@@ -44,11 +48,13 @@ def _watchdog():
     if in_main:
         old = signal.signal(signal.SIGALRM, _on_alarm)
         signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT)
-    faulthandler.dump_traceback_later(HARD_TIMEOUT, exit=True)
+    if faulthandler is not None:
+        faulthandler.dump_traceback_later(HARD_TIMEOUT, exit=True)
     try:
         yield
     finally:
-        faulthandler.cancel_dump_traceback_later()
+        if faulthandler is not None:
+            faulthandler.cancel_dump_traceback_later()
         if in_main:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old)

@@ -68,7 +68,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import difflib
-import faulthandler
 import linecache
 import re
 import signal
@@ -80,6 +79,13 @@ from asyncio import base_events as _base_events
 
 from . import _core
 from . import _diag_state as _st
+
+try:
+    import faulthandler
+except ImportError:
+    # An isolated subinterpreter (3.12+): faulthandler keeps per-process
+    # state and does not load there.  Stalls are captured with the GIL only.
+    faulthandler = None
 from . import _diag_tasks
 from ._diag_state import (HISTOGRAM_BOUNDS, STALLS_KEPT, diff, logger, loops, slow_callbacks,
                           stalls, subscribe, summary, unsubscribe)
@@ -164,11 +170,14 @@ def _dump_signal():
     from inside that thread, without the GIL (the watchdog sends it when
     the GIL does not come within 20 ms: C code holds it).  A real-time
     signal nobody handles (from SIGRTMAX - 2 down), registered once;
-    0 when none is free."""
+    0 when none is free, and in a subinterpreter: signal dispositions are
+    the process's, and faulthandler does not load there."""
     global _dump
     with _dump_lock:
         if _dump is None:
             _dump = (0, None)
+            if faulthandler is None or not _core.main_interpreter:
+                return 0
             for signum in range(signal.SIGRTMAX - 2, signal.SIGRTMIN + 2, -1):
                 if signal.getsignal(signum) != signal.SIG_DFL:
                     continue
@@ -202,9 +211,12 @@ def _read_dump():
     return _st.without_runner(frames[::-1]) or None
 
 
-def _capture(thread_id):
-    """The watchdog's capture (with the GIL, the loop thread stuck)."""
-    frame = sys._current_frames().get(thread_id)
+def _capture(thread_id, frame=None):
+    """The watchdog's capture (with the GIL, the loop thread stuck): the
+    loop thread's frame when the core could read it, else that thread's in
+    sys._current_frames() (free-threaded builds: it stops the world)."""
+    if frame is None:
+        frame = sys._current_frames().get(thread_id)
     if frame is None:
         return None
     return _st.without_runner([(f.filename, f.lineno, f.name, f.line)

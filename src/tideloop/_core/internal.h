@@ -222,7 +222,7 @@ enum {
     X(tls_errtab)      /* _ssl's exception types and code-to-name dicts,  \
                           from its module state (_tls_errors; tls.c) */   \
     /* watchdog.c, set by tideloop.diagnostics (_diag_setup); NULL before: */  \
-    X(diag_capture)    /* (thread_id) -> the thread's stack */            \
+    X(diag_capture)    /* (thread_id, frame|None) -> its stack */         \
     X(diag_report)     /* (loop, what, io_name, duration, since, delay,   \
                           stack, signalled, slow): a stall is over */     \
     X(diag_slow)       /* (loop, what, io_name, duration, task, where):   \
@@ -582,6 +582,8 @@ struct LoopObject {
     PyObject *not_task_type;    /* taskstats.c: the last callback __self__
                                    type seen not to be a Task (a cache) */
     pid_t os_tid;               /* the running thread's kernel id (watchdog.c) */
+    PyThreadState *run_tstate;  /* the running thread's state (watchdog.c reads
+                                   its frame with the GIL held), or NULL */
     int streams_pending;         /* streams.c: connections whose StreamWriter
                                     has not been seen yet (create_future
                                     looks for it while this is not 0) */

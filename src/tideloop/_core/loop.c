@@ -990,6 +990,7 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
     int failed = 0;
     TL_ATOMIC_SET(&self->thread_id, PyThread_get_thread_ident());
     TL_ATOMIC_SET(&self->os_tid, (pid_t)syscall(SYS_gettid));
+    self->run_tstate = PyThreadState_Get();
     if (install_asyncgen_hooks(self) < 0) {
         failed = 1;
     }
@@ -1016,6 +1017,7 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
     PyObject *exc = tl_err_get_raised();
     TL_ATOMIC_SET(&self->stopping, 0);
     TL_ATOMIC_SET(&self->thread_id, 0UL);
+    self->run_tstate = NULL;
     PyObject *r = PyObject_CallMethodOneArg(st->events_module,
                                             st->str_set_running_loop, Py_None);
     if (r == NULL)

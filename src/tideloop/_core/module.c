@@ -340,7 +340,9 @@ core_exec(PyObject *m)
         PyModule_AddStringConstant(m, "poller_backend", tl_poller_name()) < 0 ||
         tl_context_init(st) < 0 ||
         PyModule_AddIntConstant(m, "context_snapshots", st->fast_context) < 0 ||
-        add_compat_table(m) < 0 || add_histogram_bounds(m) < 0)
+        add_compat_table(m) < 0 || add_histogram_bounds(m) < 0 ||
+        PyModule_AddIntConstant(m, "main_interpreter",
+                                PyInterpreterState_Get() == PyInterpreterState_Main()) < 0)
         goto done;
     rc = 0;
 done:
@@ -412,6 +414,14 @@ static PyMethodDef core_functions[] = {
 
 static PyModuleDef_Slot core_slots[] = {
     {Py_mod_exec, core_exec},
+#ifdef Py_mod_multiple_interpreters
+    /* 3.12+: a module object, its state and its types per interpreter; the
+     * core keeps nothing in C statics, and what is per process (signals,
+     * faulthandler, child reaping, the live view's socket) is handled in
+     * the Python layer as the stock loop handles it (docs/design.md, "What
+     * is per process"). */
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
 #ifdef Py_GIL_DISABLED
     /* The threading contract (README.md, _core/README.md): what another
      * thread may reach is made safe on purpose, nothing else is shared. */

@@ -53,6 +53,12 @@ struct tl_watchdog {
     int stop;                   /* under mu */
     int64_t threshold_ns, period_ns;
     LoopObject *loop;           /* borrowed: the loop stops us before it goes */
+    /* The loop's interpreter: the watchdog takes the GIL of that one.  In a
+     * subinterpreter PyGILState_Ensure() would attach to the main
+     * interpreter (its GIL, its objects), so there the thread makes a
+     * thread state of its own in the loop's interpreter for each capture. */
+    PyInterpreterState *interp;
+    int main_interp;
     /* The stall being reported: written by the watchdog under mu, taken
      * by the loop thread under mu once attempt_done (tl_stall_report). */
     int64_t since_ns;           /* the first check that saw no progress */
@@ -75,6 +81,26 @@ progress(LoopObject *loop)
     return TL_ATOMIC_GET(&loop->health.iterations) + TL_ATOMIC_GET(&loop->health.callbacks);
 }
 
+/* The loop thread's current frame (a new reference), or None where only
+ * sys._current_frames() may read it: on a free-threaded build that stops
+ * the world, and another thread's frame may be read only then.  With a GIL
+ * the loop thread is detached while we hold it (it cannot leave the
+ * callback without the GIL), so its frame stands still; and in a
+ * subinterpreter of 3.12/3.13 sys._current_frames() walks every
+ * interpreter's threads, frames of other interpreters included. */
+static PyObject *
+loop_thread_frame(LoopObject *loop)
+{
+#ifdef Py_GIL_DISABLED
+    (void)loop;
+    Py_RETURN_NONE;
+#else
+    PyThreadState *ts = loop->run_tstate;
+    PyFrameObject *f = ts != NULL ? PyThreadState_GetFrame(ts) : NULL;
+    return f != NULL ? (PyObject *)f : Py_NewRef(Py_None);
+#endif
+}
+
 /* With the GIL: the capture, if the stall still goes on. */
 static void
 capture(tl_watchdog *wd, uint64_t seen)
@@ -85,7 +111,8 @@ capture(tl_watchdog *wd, uint64_t seen)
     if (tid == 0 || progress(loop) != seen || __atomic_load_n(&wd->over, __ATOMIC_ACQUIRE) ||
         st->diag_capture == NULL)
         return;             /* over (or never watched) while we waited for the GIL */
-    PyObject *stack = PyObject_CallFunction(st->diag_capture, "k", tid);
+    PyObject *frame = loop_thread_frame(loop);
+    PyObject *stack = PyObject_CallFunction(st->diag_capture, "kN", tid, frame);
     if (stack == NULL) {
         PyErr_WriteUnraisable(st->diag_capture);
         return;
@@ -187,7 +214,14 @@ watchdog_main(void *arg)
         /* The capture may wait as well as the GIL: a free-threaded build
          * stops the world for sys._current_frames(), which C code holding
          * on delays the same way. */
-        PyGILState_STATE g = PyGILState_Ensure();
+        PyGILState_STATE g = PyGILState_UNLOCKED;
+        PyThreadState *ts = NULL;
+        if (wd->main_interp)
+            g = PyGILState_Ensure();
+        else {
+            ts = PyThreadState_New(wd->interp);
+            PyEval_RestoreThread(ts);
+        }
         capture(wd, p);
         int dumped = armed && disarm_nudge(timer);      /* the dump came first */
         PyObject *dropped = NULL;
@@ -200,7 +234,12 @@ watchdog_main(void *arg)
         }
         pthread_mutex_unlock(&wd->mu);
         Py_XDECREF(dropped);
-        PyGILState_Release(g);
+        if (ts == NULL)
+            PyGILState_Release(g);
+        else {
+            PyThreadState_Clear(ts);
+            PyThreadState_DeleteCurrent();
+        }
         pthread_mutex_lock(&wd->mu);
         wd->attempt_done = 1;
         pthread_cond_broadcast(&wd->cv);
@@ -242,6 +281,8 @@ watchdog_start(LoopObject *loop, double threshold, int signum)
         return -1;
     }
     wd->loop = loop;
+    wd->interp = PyInterpreterState_Get();
+    wd->main_interp = wd->interp == PyInterpreterState_Main();
     wd->threshold_ns = (int64_t)(threshold * 1e9);
     wd->period_ns = wd->threshold_ns / 4 > 1000000 ? wd->threshold_ns / 4 : 1000000;
     /* Python code hands the GIL over within the switch interval (5 ms):
