@@ -21,7 +21,7 @@ def _reap_quietly(pid):
 
 
 def _start_waiter(target, pid, *args):
-    threading.Thread(target=target, args=(pid, *args), daemon=True,
+    threading.Thread(target=target, args=(pid, *args), daemon=_compat.DAEMON_THREADS,
                      name=f"tideloop-waitpid-{pid}").start()
 
 

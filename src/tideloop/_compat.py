@@ -476,6 +476,66 @@ _record("runpy_run_module_as_main", "3.11-3.14",
         "runpy._run_module_as_main (python -m semantics for 'tideloop run -m')")
 
 
+# -- isolated subinterpreters (tideloop.interpreters) -------------------------
+
+class _Subinterpreters:
+    """Create, run code in and destroy isolated interpreters (own GIL): the
+    public ``concurrent.interpreters`` from 3.14, the private module before
+    (3.13 ``_interpreters``, 3.12 ``_xxsubinterpreters``).  ``run(i, code)``
+    returns None, or the failure's traceback text when the code raised."""
+
+    def __init__(self, branch, create, run, destroy):
+        self.branch = branch
+        self.create, self.run, self.destroy = create, run, destroy
+
+
+def _subinterpreters():
+    public = _lookup("concurrent.interpreters")
+    if public is not None and PY >= (3, 14):
+        def run(interp, code):
+            try:
+                interp.exec(code)
+            except public.ExecutionFailed as exc:
+                return exc.excinfo.errdisplay or exc.excinfo.formatted
+            return None
+        return _Subinterpreters("concurrent.interpreters", public.create, run,
+                                lambda interp: interp.close())
+    private = _lookup("_interpreters")
+    if private is not None:         # 3.13: exec() returns the failure, or None
+        def run(interp, code):
+            info = private.exec(interp, code)
+            return None if info is None else (info.errdisplay or info.formatted)
+        return _Subinterpreters("_interpreters", lambda: private.create("isolated"), run,
+                                private.destroy)
+    legacy = _lookup("_xxsubinterpreters")
+    if legacy is not None and PY >= (3, 12):    # 3.11's share the main GIL
+        def run(interp, code):
+            try:
+                legacy.run_string(interp, code)
+            except legacy.RunFailedError as exc:
+                return str(exc)
+            return None
+        return _Subinterpreters("_xxsubinterpreters",
+                                lambda: legacy.create(isolated=True), run, legacy.destroy)
+    return None
+
+
+# Isolated interpreters refuse daemon threads (3.12+: "daemon threads are
+# disabled in this (sub)interpreter"); tideloop's threads are daemons only
+# where they may be, and stopped before the interpreter's end elsewhere.
+_daemon_threads_allowed = _lookup("_thread.daemon_threads_allowed")
+DAEMON_THREADS = _daemon_threads_allowed() if _daemon_threads_allowed is not None else True
+_record("daemon_threads", "3.12+: _thread.daemon_threads_allowed",
+        "allowed" if DAEMON_THREADS else "refused",
+        "whether this interpreter lets tideloop start daemon threads")
+
+SUBINTERPRETERS = _subinterpreters()
+_record("subinterpreters", "3.12: _xxsubinterpreters; 3.13: _interpreters; "
+        "3.14+: concurrent.interpreters",
+        SUBINTERPRETERS.branch if SUBINTERPRETERS is not None else "none",
+        "isolated interpreters with a GIL each (tideloop.interpreters)")
+
+
 # -- methods reused from asyncio's loops --------------------------------------
 
 #: (class name, method name) -> "stock" or "missing"

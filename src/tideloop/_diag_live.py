@@ -2,7 +2,8 @@
 tideloop top PID`` outside it.
 
 Server: a daemon thread (not the loop: the view works while the loop is
-stalled) listens on a Unix socket ``<pid>.sock`` in a private directory --
+stalled) listens on a Unix socket ``<pid>.sock`` (``<pid>.<id>.sock`` in
+isolated interpreter ``<id>``: each serves its own loops) in a private directory --
 ``$XDG_RUNTIME_DIR/tideloop`` when that is usable, else
 ``/tmp/tideloop-<uid>`` -- of mode 0700, the socket 0600, and accepts only
 peers of the same user (or root).  A client sends one JSON line (``{"want":
@@ -33,6 +34,8 @@ import time
 import traceback
 import weakref
 
+from . import _compat
+from . import _core
 from . import _diag_state as _st
 from . import _diag_tasks
 
@@ -89,6 +92,12 @@ def _make_private(path, uid):
     return path
 
 
+def _socket_name(pid, interp):
+    """<pid>.sock for the main interpreter, <pid>.<id>.sock for another:
+    each isolated interpreter has its own loops, modules and server."""
+    return "%d.sock" % pid if interp == 0 else "%d.%d.sock" % (pid, interp)
+
+
 def private_dir():
     """This process's socket directory, created if need be."""
     uid = os.getuid()
@@ -110,7 +119,7 @@ def serve(path=None):
         if _server is not None and _server.pid == os.getpid():
             return _server.path
         if path is None:
-            path = os.path.join(private_dir(), "%d.sock" % os.getpid())
+            path = os.path.join(private_dir(), _socket_name(os.getpid(), _core.interpreter_id))
         _server = _Server(os.fspath(path))
         return _server.path
 
@@ -138,7 +147,13 @@ def _after_fork():
 
 
 os.register_at_fork(after_in_child=_after_fork)
-atexit.register(stop_serving)
+if _compat.DAEMON_THREADS:
+    atexit.register(stop_serving)
+else:
+    # An isolated interpreter: the server thread is not a daemon, and the
+    # interpreter's end waits for such threads before atexit's functions
+    # run; threading's own exit hooks run before that wait.
+    threading._register_atexit(stop_serving)
 
 
 class _Server:
@@ -168,7 +183,8 @@ class _Server:
             sock.close()
             raise
         self.sock = sock
-        self.thread = threading.Thread(target=self._run, name="tideloop-live-view", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="tideloop-live-view",
+                                       daemon=_compat.DAEMON_THREADS)
         self.thread.start()
 
     def stop(self):
@@ -299,7 +315,7 @@ def _answer(fut, loop, deadline):
 
 
 def _where_now(loop):
-    frame = sys._current_frames().get(loop._thread_id or -1)
+    frame = _st.thread_frame(loop)
     if frame is None:
         return None
     stack = _st.without_runner([tuple(f) for f in traceback.extract_stack(frame)])
@@ -326,7 +342,10 @@ def view(n_tasks=10, recent=RECENT):
             now, snap = time.monotonic(), lp._diagnostics()
         except Exception:       # noqa: BLE001 - closed meanwhile
             continue
-        loops.append(_label(lp) + (lp, now, snap))
+        n, label = _label(lp)
+        if _core.interpreter_id != 0:
+            label = "interpreter %d: %s" % (_core.interpreter_id, label)
+        loops.append((n, label, lp, now, snap))
     loops.sort(key=lambda x: x[0])
     probes = {id(lp): _probe(lp, n_tasks) for _, _, lp, _, _ in loops if lp.is_running()}
     deadline = time.monotonic() + PROBE_TIMEOUT
@@ -353,7 +372,8 @@ def view(n_tasks=10, recent=RECENT):
                 entry["busy_stack"] = busy
         out.append(entry)
     return {"pid": os.getpid(), "argv": sys.argv, "python": platform.python_version(),
-            "tideloop": __version__, "time": time.time(), "loops": out}
+            "tideloop": __version__, "time": time.time(), "interpreter": _core.interpreter_id,
+            "loops": out}
 
 
 # -- the client ----------------------------------------------------------------
@@ -589,6 +609,60 @@ def find_server(pid, socket_path=None):
     return _attach(pid, uid, tag)
 
 
+def interpreter_sockets(pid):
+    """The live view's sockets of process pid's subinterpreters
+    (<pid>.<id>.sock: each isolated interpreter serves its own loops) that
+    answer, in interpreter order."""
+    prefix, found = "%d." % pid, []
+    for d in dict.fromkeys(os.path.dirname(p) for p in socket_candidates(pid)):
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        ids = sorted(int(n[len(prefix):-5]) for n in names
+                     if n.startswith(prefix) and n.endswith(".sock") and
+                     n[len(prefix):-5].isdigit())
+        for i in ids:
+            path = _connect(pid, [os.path.join(d, _socket_name(pid, i))])
+            if path is not None and path not in found:
+                found.append(path)
+    return found
+
+
+def find_servers(pid, socket_path=None):
+    """Every socket of process pid's live view: the main interpreter's
+    (attached on 3.14 if need be) and its subinterpreters'."""
+    if socket_path is not None:
+        return [find_server(pid, socket_path)]
+    subs = interpreter_sockets(pid)
+    try:
+        main = find_server(pid)
+    except TopError:
+        if subs:
+            return subs     # the main interpreter serves nothing: theirs only
+        raise
+    return [main] + subs
+
+
+def fetch_all(pid, paths, n_tasks=10):
+    """One document for the process: the loops of every interpreter that
+    serves (fetch's errors when none has a loop)."""
+    docs, last = [], None
+    for path in paths:
+        try:
+            docs.append(fetch(pid, path, n_tasks))
+        except TopError as exc:
+            if len(paths) == 1:
+                raise
+            last = exc
+    if not docs:
+        raise last
+    doc = docs[0]
+    for other in docs[1:]:
+        doc["loops"].extend(other["loops"])
+    return doc
+
+
 def fetch(pid, path, n_tasks=10):
     try:
         doc = request(path, {"want": "view", "tasks": n_tasks})
@@ -813,8 +887,8 @@ def _top(args):
         raise TopError("no such process: %d" % args.pid)
     if args.interval <= 0:
         raise TopError("--interval must be positive")
-    path = find_server(args.pid, args.socket)
-    doc = fetch(args.pid, path, args.tasks)
+    paths = find_servers(args.pid, args.socket)
+    doc = fetch_all(args.pid, paths, args.tasks)
     if args.json:
         json.dump(doc, sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -823,7 +897,7 @@ def _top(args):
     time.sleep(min(args.interval, 1.0))     # the first frame's rates need two samples
     first = True
     while True:
-        prev, doc = doc, fetch(args.pid, path, args.tasks)
+        prev, doc = doc, fetch_all(args.pid, paths, args.tasks)
         width = shutil.get_terminal_size().columns if tty else None
         text = render(prev, doc, width)
         if tty:

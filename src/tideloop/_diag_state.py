@@ -31,6 +31,21 @@ HISTOGRAM_BOUNDS = _core.HISTOGRAM_BOUNDS
 ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
+# sys._current_frames() reads this interpreter's threads from 3.14; before,
+# in a subinterpreter it walks every interpreter's (frames of objects owned
+# by other interpreters: a probe crashed 3.12 and 3.13), so there only the
+# loop's own thread state is read (loop._thread_frame(), GIL builds).
+CURRENT_FRAMES_SAFE = bool(_core.main_interpreter) or sys.version_info >= (3, 14)
+
+
+def thread_frame(loop, thread_id=None):
+    """The frame the loop's thread is in now (or thread_id's), or None."""
+    frame = loop._thread_frame()
+    if frame is None and CURRENT_FRAMES_SAFE:
+        frame = sys._current_frames().get(thread_id or loop._thread_id or -1)
+    return frame
+
+
 STALLS_KEPT = 32        # stalls and slow callbacks kept per loop
 LOG_BURST = 10          # log records per loop, kind and minute, at most
 

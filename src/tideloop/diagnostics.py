@@ -106,7 +106,8 @@ _loop = _st.check_loop
 
 def serve(path=None):
     """Serve the live view (``python -m tideloop top PID``) from a daemon
-    thread, once per process: a Unix socket, mode 0600, ``<pid>.sock`` in
+    thread, once per interpreter: a Unix socket, mode 0600, ``<pid>.sock``
+    (``<pid>.<id>.sock`` in a subinterpreter; top shows them all) in
     ``$XDG_RUNTIME_DIR/tideloop`` or else ``/tmp/tideloop-<uid>`` (mode 0700,
     refused if another user owns it or others may enter it), removed at
     exit.  Returns its path (the running server's, when it runs)."""
@@ -215,7 +216,7 @@ def _capture(thread_id, frame=None):
     """The watchdog's capture (with the GIL, the loop thread stuck): the
     loop thread's frame when the core could read it, else that thread's in
     sys._current_frames() (free-threaded builds: it stops the world)."""
-    if frame is None:
+    if frame is None and _st.CURRENT_FRAMES_SAFE:
         frame = sys._current_frames().get(thread_id)
     if frame is None:
         return None

@@ -75,6 +75,8 @@ import socket
 import threading
 import time
 
+from . import _compat
+
 __all__ = ("run", "reuse_port_socket")
 
 _logger = logging.getLogger(__name__)
@@ -154,8 +156,15 @@ class _LoopThread:
         self.forced = False
         self.result = None
         self.error = None
-        self.thread = threading.Thread(target=self._body, name=f"tideloop-{index}",
-                                       daemon=True)
+        self.name = f"tideloop-{index}"
+        self.thread = threading.Thread(target=self._body, name=self.name,
+                                       daemon=_compat.DAEMON_THREADS)
+
+    def start(self):
+        self.thread.start()
+
+    def join(self):
+        self.thread.join()
 
     def _body(self):
         try:
@@ -244,33 +253,57 @@ def run(main, *args, threads=None, loop_factory=None, shutdown_timeout=30.0):
     if loop_factory is None:
         from ._loop import new_event_loop as loop_factory
 
-    # The main thread sleeps in select() on a pipe that wakes it: each thread
-    # writes a 0 byte to it when it ends, and the interpreter's C signal
-    # handler writes the signal's number (signal.set_wakeup_fd) whichever
-    # thread the kernel delivered the signal to.  (A thread other than the
-    # main one may take it, and then nothing else would wake the main thread
-    # from a blocking wait until its timeout.)
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    wake_r, wake_w = _wake_pipe()
     workers = [_LoopThread(i, main, args, loop_factory, wake_w) for i in range(threads)]
+    return _supervise(workers, wake_r, wake_w, shutdown_timeout, "loop threads")
+
+
+def _wake_pipe():
+    # The main thread sleeps in select() on a pipe that wakes it: each
+    # worker writes a 0 byte to it when it ends, and the interpreter's C
+    # signal handler writes the signal's number (signal.set_wakeup_fd)
+    # whichever thread the kernel delivered the signal to.  (A thread other
+    # than the main one may take it, and then nothing else would wake the
+    # main thread from a blocking wait until its timeout.)
+    return os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+
+def _takes_signals():
+    """Signal handlers can be set here: the main thread of the main
+    interpreter (in a subinterpreter signal.signal() raises ValueError)."""
+    from . import _core
+    return (_core.main_interpreter and
+            threading.current_thread() is threading.main_thread())
+
+
+def _supervise(workers, wake_r, wake_w, shutdown_timeout, what):
+    """Start the workers (tideloop.threads' loop threads, or
+    tideloop.interpreters' interpreters), wait for them, stop them on a
+    signal or an error, and return their results or raise their errors.
+
+    A worker has index, name, lock, done, abandoned, error, result, start(),
+    join(), request_stop() and force(); it writes a byte to wake_w under its
+    lock when it ends, unless abandoned."""
     previous, old_wakeup = {}, None
     left = workers
+    resignal = None
     try:
-        if threading.current_thread() is threading.main_thread():
+        if _takes_signals():
             old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
             for sig in _SIGNALS:
                 # The number comes through the pipe; the Python handler only
                 # keeps the signal from its default action.
                 previous[sig] = signal.signal(sig, _ignore)
         for w in workers:
-            w.thread.start()
-        resignal, left = _wait(workers, wake_r, shutdown_timeout)
+            w.start()
+        resignal, left = _wait(workers, wake_r, shutdown_timeout, what)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if old_wakeup is not None:
             signal.set_wakeup_fd(old_wakeup)
         for w in workers:
-            # A thread still running must not write to the closed pipe; one
+            # A worker still running must not write to the closed pipe; one
             # that is done may still be writing its byte, under its lock.
             with w.lock:
                 w.abandoned = True
@@ -278,36 +311,36 @@ def run(main, *args, threads=None, loop_factory=None, shutdown_timeout=30.0):
         os.close(wake_w)
     for w in workers:
         if w not in left:
-            w.thread.join()     # it has posted "done": only its return is left
+            w.join()        # it has posted "done": only its return is left
     if resignal is not None:
         # A second signal forced the stop: let it have its usual effect now.
         signal.raise_signal(resignal)
     errors = [w.error for w in workers if w.error is not None]
     if left:
-        names = ", ".join(w.thread.name for w in left)
-        raise TimeoutError(f"{len(left)} of {threads} loop threads ({names}) were still "
+        names = ", ".join(w.name for w in left)
+        raise TimeoutError(f"{len(left)} of {len(workers)} {what} ({names}) were still "
                            f"running after their loops were stopped") from (
-            _group(errors) if errors else None)
+            _group(errors, what) if errors else None)
     if errors:
-        raise _group(errors)
+        raise _group(errors, what)
     return [w.result for w in workers]
 
 
-def _group(errors):
+def _group(errors, what):
     if len(errors) == 1:
         return errors[0]
     # BaseExceptionGroup() makes an ExceptionGroup when all are Exceptions.
-    return BaseExceptionGroup(f"errors in {len(errors)} loop threads", errors)
+    return BaseExceptionGroup(f"errors in {len(errors)} {what}", errors)
 
 
 def _ignore(signum, frame):
     pass
 
 
-def _wait(workers, wake, shutdown_timeout):
-    """The main thread's part: wait for every thread, stop them on a signal
+def _wait(workers, wake, shutdown_timeout, what):
+    """The main thread's part: wait for every worker, stop them on a signal
     or an error, force them after a second signal or the timeout.  Returns
-    (the signal to raise again or None, the threads still running)."""
+    (the signal to raise again or None, the workers still running)."""
     pending = {w.index for w in workers}
     stopping = forced = False
     deadline = None
@@ -316,7 +349,7 @@ def _wait(workers, wake, shutdown_timeout):
     def stop(why):
         nonlocal stopping, deadline
         stopping = True
-        _logger.info("stopping %d loop threads: %s", len(pending), why)
+        _logger.info("stopping %d %s: %s", len(pending), what, why)
         if shutdown_timeout is not None:
             deadline = time.monotonic() + shutdown_timeout
         for w in workers:
@@ -325,7 +358,7 @@ def _wait(workers, wake, shutdown_timeout):
     def force(why):
         nonlocal forced, stopping, deadline
         forced = stopping = True
-        _logger.warning("stopping the loops of %d threads by force: %s", len(pending), why)
+        _logger.warning("stopping the loops of %d %s by force: %s", len(pending), what, why)
         deadline = time.monotonic() + _FORCE_GRACE
         for w in workers:
             w.force()
@@ -345,7 +378,7 @@ def _wait(workers, wake, shutdown_timeout):
             if w.index in pending and w.done:
                 pending.discard(w.index)
                 if w.error is not None and not stopping:
-                    stop(f"{w.thread.name} failed with {type(w.error).__name__}: {w.error}")
+                    stop(f"{w.name} failed with {type(w.error).__name__}: {w.error}")
         for signum in data:
             if signum not in _SIGNALS:
                 continue        # a thread's 0, or a signal someone else handles

@@ -77,6 +77,9 @@ def expected_py_branches():
         "connection_context": "per-connection" if PY >= (3, 15) else "per-callback",
         "timer_end_ulp": "ulp" if PY >= (3, 15) else "resolution",
         "script_main_cached": "absent" if PY >= (3, 15) else "none",
+        "subinterpreters": ("none" if PY < (3, 12) else "_xxsubinterpreters" if PY < (3, 13)
+                            else "_interpreters" if PY < (3, 14) else "concurrent.interpreters"),
+        "daemon_threads": "allowed",    # the main interpreter
     }
 
 

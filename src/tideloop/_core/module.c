@@ -342,7 +342,9 @@ core_exec(PyObject *m)
         PyModule_AddIntConstant(m, "context_snapshots", st->fast_context) < 0 ||
         add_compat_table(m) < 0 || add_histogram_bounds(m) < 0 ||
         PyModule_AddIntConstant(m, "main_interpreter",
-                                PyInterpreterState_Get() == PyInterpreterState_Main()) < 0)
+                                PyInterpreterState_Get() == PyInterpreterState_Main()) < 0 ||
+        PyModule_AddIntConstant(m, "interpreter_id",
+                                (long)PyInterpreterState_GetID(PyInterpreterState_Get())) < 0)
         goto done;
     rc = 0;
 done:

@@ -493,7 +493,20 @@ diag_setup(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* loop._thread_frame() -> the frame the loop's thread is in now, read
+ * from its thread state (GIL builds), or None: not running, or a
+ * free-threaded build (where only sys._current_frames() may read it).
+ * The live view's "where is it now" for a loop that does not answer. */
+static PyObject *
+loop_thread_frame_method(LoopObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (TL_ATOMIC_GET(&self->thread_id) == 0)
+        Py_RETURN_NONE;
+    return loop_thread_frame(self);
+}
+
 const PyMethodDef tl_diag_loop_methods[] = {
+    {"_thread_frame", (PyCFunction)loop_thread_frame_method, METH_NOARGS, NULL},
     {"_set_stall_threshold", (PyCFunction)loop_set_stall_threshold, METH_VARARGS, NULL},
     {"_set_slow_callback_threshold", (PyCFunction)loop_set_slow_callback_threshold, METH_O,
      NULL},
