@@ -38,6 +38,11 @@ Scenarios:
      subprocesses from every loop (exit codes, a cat echo); SIGUSR1 to the
      process, handled on the main thread's loop; loops created and closed
      in a churn thread; RSS flat after a warm-up, no fd left open
+  j  loops in isolated interpreters (3.13+): 4 server interpreters (8 long)
+     serving TCP and Unix echo while churn threads create interpreters that
+     talk to all of them (every byte checked), make and close loops there,
+     and are destroyed, for 4 s (60 s long); the main interpreter's loop
+     talks to them too; RSS and fds flat after a warm-up of interpreters
 
 Files: this driver (the command line, the child entry points, the table);
 scenarios/<letter>_<name>.py, one module per scenario; scenarios/common.py,
@@ -72,9 +77,10 @@ from scenarios.f_signal_flood import scenario_f, helper_f_flooder
 from scenarios.g_close_with_live_fds import scenario_g
 from scenarios.h_tls_resets import scenario_h
 from scenarios.i_loops_in_threads import scenario_i
+from scenarios.j_interpreters import scenario_j
 
 ALL_LOOPS = ("asyncio", "uvloop", "tideloop")
-SCENARIOS = "abcdefghi"
+SCENARIOS = "abcdefghij"
 TITLES = {
     "a": "10k concurrent echo",
     "b": "reset mid-write",
@@ -85,13 +91,14 @@ TITLES = {
     "g": "close with live fds",
     "h": "TLS resets",
     "i": "loops in 8+ threads",
+    "j": "loops in interpreters",
 }
 
 # Child timeouts (s): the parent kills a child that overruns and counts it
 # as an error.
 TIMEOUT = {"quick": 75, "long": 1200}
 
-# The scenario functions by letter (g runs its own loops: see run_child).
+# The scenario functions by letter (g and j run their own loops: see run_child).
 SCENARIO_FUNCS = {"a": scenario_a, "b": scenario_b, "c": scenario_c, "d": scenario_d,
                   "e": scenario_e, "f": scenario_f, "g": scenario_g, "h": scenario_h,
                   "i": scenario_i}
@@ -110,6 +117,8 @@ def run_child(scenario, loop_name, mode, scale, sabotage):
             if sabotage:
                 apply_sabotage("g", None)
             scenario_g(loop_name, res, sz, sabotage)
+        elif scenario == "j":
+            scenario_j(loop_name, res, sz)
         else:
             loop = make_loop(loop_name)
             if sabotage:

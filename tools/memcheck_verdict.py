@@ -16,8 +16,11 @@ A frame is ours when its object file or its source path contains one of the
 --ours substrings.  The report names each of our errors with its stack;
 errors with no frame of ours (the interpreter's own: its GC and libc's
 vectorised string compares trip memcheck by design) are summarised by kind.
-Leaks are not judged here: the interpreter does not free everything at exit,
-and tests/stress/test_leaks.py checks ours.
+Leaks are not judged by default: the interpreter does not free everything at
+exit, and tests/stress/test_leaks.py checks ours.  --leaks judges the blocks
+valgrind calls definitely lost (--leak-check=full) whose allocation stack has
+a frame of ours (tools/interpreters_check.sh: the interpreters made and
+destroyed by stress scenario j).
 """
 import argparse
 import collections
@@ -74,6 +77,11 @@ def main(argv=None):
     ap.add_argument("--main-ppid", type=int, default=None)
     ap.add_argument("--pytest-rc", type=int, default=0,
                     help="exit status of the program valgrind ran")
+    ap.add_argument("--leaks", action="store_true",
+                    help="also fail on definitely lost blocks allocated by our code")
+    ap.add_argument("--leak-ignore", action="append", default=[], metavar="FN",
+                    help="with --leaks: not a leak of ours when FN is on the allocation "
+                         "stack (repeatable)")
     args = ap.parse_args(argv)
     reports = []
     for path in args.xml:
@@ -99,9 +107,12 @@ def main(argv=None):
     for r in reports:
         for err in r["errors"]:
             kind = err.findtext("kind") or "?"
-            if kind.startswith("Leak_"):
+            if kind.startswith("Leak_") and not (args.leaks and kind == "Leak_DefinitelyLost"):
                 continue
             fs = list(frames(err))
+            if kind.startswith("Leak_") and any(f["fn"] in args.leak_ignore for f in fs):
+                theirs[kind + " (ignored)"] += 1
+                continue
             if any(is_ours(f, args.ours) for f in fs):
                 what = err.findtext("what") or err.findtext("xwhat/text") or kind
                 ours.append((r["pid"], kind, what, fs))

@@ -35,7 +35,9 @@ SIZES = {
                   f_duration=1.5, f_bytes=32 << 20,
                   g_conns=50, g_timers=2000,
                   h_clients=200, h_payload=256 << 10, h_upload=64 << 10,
-                  i_threads=8, i_duration=4.0, i_burst=200, i_msg=16 << 10),
+                  i_threads=8, i_duration=4.0, i_burst=200, i_msg=16 << 10,
+                  j_servers=4, j_churn=2, j_duration=4.0, j_warmup=4, j_rounds=20,
+                  j_msg=16 << 10),
     "long": dict(a_conns=10000, a_rounds=100, a_size=4096,
                  b_clients=4000, b_payload=8 << 20, b_send=1 << 20,
                  c_conns=64, c_idle=15.0, c_total=32 << 20,
@@ -44,16 +46,19 @@ SIZES = {
                  f_duration=20.0, f_bytes=1 << 30,
                  g_conns=2000, g_timers=100000,
                  h_clients=2000, h_payload=256 << 10, h_upload=64 << 10,
-                 i_threads=16, i_duration=60.0, i_burst=1000, i_msg=64 << 10),
+                 i_threads=16, i_duration=60.0, i_burst=1000, i_msg=64 << 10,
+                 j_servers=8, j_churn=2, j_duration=60.0, j_warmup=10, j_rounds=100,
+                 j_msg=64 << 10),
 }
 # c_total stays: a smaller stream would fit in the kernel's socket buffers
 # and never make the writer pause.
 UNSCALED = {"a_rounds", "a_size", "b_payload", "b_send", "c_idle", "c_total",
-            "d_rounds", "f_duration", "h_payload", "h_upload", "i_threads", "i_duration"}
+            "d_rounds", "f_duration", "h_payload", "h_upload", "i_threads", "i_duration",
+            "j_servers", "j_churn", "j_duration", "j_warmup"}
 MIN_SIZE = {"a_conns": 50, "b_clients": 20, "c_conns": 2,
             "d_limit": 50, "d_extra": 20, "e_k": 500, "e_trials": 50,
             "f_bytes": 4 << 20, "g_conns": 5, "g_timers": 100,
-            "h_clients": 20, "i_burst": 20, "i_msg": 1024}
+            "h_clients": 20, "i_burst": 20, "i_msg": 1024, "j_rounds": 5, "j_msg": 1024}
 
 
 def sizes(mode, scale):
