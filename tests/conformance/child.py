@@ -428,6 +428,7 @@ def run_tests(args, watchdog):
     module = importlib.import_module(PKG + args.module)
     adapter = ADAPTERS.get(args.module)
     wanted = adapter(module, args.side, counter) if adapter else None
+    adapted = adapt_for_subinterpreter(module) if args.subinterpreter else []
 
     skip = set()
     if args.skip:
@@ -441,7 +442,8 @@ def run_tests(args, watchdog):
     w.write(ev="meta", module=args.module, side=args.side,
             loop_type=f"{loop_cls.__module__}.{loop_cls.__qualname__}",
             checked=checked, ntests=len(tests), pid=os.getpid(),
-            python=sys.version.split()[0], interpreter=where)
+            python=sys.version.split()[0], interpreter=where,
+            **({"adaptations": adapted} if args.subinterpreter else {}))
 
     result = StreamingResult(w, watchdog, args.verbose, counter)
     suite = unittest.TestSuite(tests)
@@ -560,6 +562,91 @@ def run_in_subinterpreter(args):
     w.write(ev="destroyed", time=round(time.monotonic() - t0, 3))
     sys.stdout.flush()
     return 0
+
+
+def adapt_for_subinterpreter(module):
+    """The same changes to the tests' scaffolding on every side, where an
+    isolated subinterpreter cannot have what it asks for: SIGCHLD handlers,
+    daemon threads, a KeyboardInterrupt from _thread.interrupt_main(). The
+    tests themselves, and the loop, are left as they are. Returns what was
+    done, for the report."""
+    import inspect
+    import threading
+    import types
+    done = []
+
+    # Daemon threads are disabled in an isolated subinterpreter.  The tests'
+    # helper threads (functional.TestThreadedServer, test_ssl's server and
+    # client threads, a few clients) ask for one only so that a failed test
+    # cannot keep the process alive; they are stopped and joined by the tests.
+    # Made from test.test_asyncio code, they become ordinary threads (those
+    # asyncio itself starts, e.g. ThreadedChildWatcher's, are left alone).
+    if not threading._daemon_threads_allowed() and not hasattr(threading.Thread, "_conf_patched"):
+        def from_tests(depth):
+            return sys._getframe(depth + 1).f_globals.get("__name__", "").startswith(PKG)
+        init, prop = threading.Thread.__init__, threading.Thread.daemon
+
+        def __init__(self, *args, daemon=None, **kwargs):
+            if daemon and from_tests(1):
+                daemon = False
+            init(self, *args, daemon=daemon, **kwargs)
+
+        def set_daemon(self, daemonic):
+            prop.fset(self, False if daemonic and from_tests(1) else daemonic)
+        threading.Thread.__init__ = __init__
+        threading.Thread.daemon = property(prop.fget, set_daemon, doc=prop.__doc__)
+        threading.Thread._conf_patched = True
+        done.append("threading.Thread: daemon=True asked by test.test_asyncio code "
+                    "makes a non-daemon thread (daemon threads are disabled here)")
+
+    # 3.12/3.13 test_events: the setUp of the loop tests' mixin
+    # (UnixEventLoopTestsMixin) and of the get_event_loop tests'
+    # (GetEventLoopTestsMixin) attach a SafeChildWatcher, which needs a
+    # SIGCHLD handler: every such test would fail in setUp, and
+    # GetEventLoopTestsMixin would leave asyncio's running-loop functions
+    # swapped for the next tests (its tearDown does not run).  During those
+    # setUps, SafeChildWatcher is a PidfdChildWatcher (the policy's own
+    # choice on Linux), which needs none.
+    if hasattr(asyncio, "PidfdChildWatcher"):
+        for cls in vars(module).values():
+            setup = vars(cls).get("setUp") if isinstance(cls, type) else None
+            if setup is None or "SafeChildWatcher" not in setup.__code__.co_names:
+                continue
+
+            def setUp(self, _setup=setup):
+                saved = asyncio.SafeChildWatcher
+                asyncio.SafeChildWatcher = asyncio.PidfdChildWatcher
+                try:
+                    _setup(self)
+                finally:
+                    asyncio.SafeChildWatcher = saved
+            cls.setUp = setUp
+            done.append(f"{cls.__name__}.setUp: PidfdChildWatcher for its "
+                        "SafeChildWatcher (SIGCHLD handler)")
+
+    # Tests that interrupt themselves with _thread.interrupt_main() (in a
+    # callback, or a coroutine) wait for a KeyboardInterrupt that only the
+    # main interpreter's main thread gets: they would spin until the
+    # watchdog.  Skipped, with the reason.
+    def uses(code, names):
+        return bool(names & set(code.co_names)) or any(
+            uses(c, names) for c in code.co_consts if isinstance(c, types.CodeType))
+    names = {"interrupt_main", "interrupt_self"}
+    skipped = []
+    for cls in vars(module).values():
+        if not (isinstance(cls, type) and issubclass(cls, unittest.TestCase)):
+            continue
+        for name in dir(cls):
+            func = inspect.unwrap(getattr(cls, name)) if name.startswith("test") else None
+            code = getattr(func, "__code__", None)
+            if code is not None and uses(code, names):
+                setattr(cls, name, unittest.skip(
+                    "subinterpreter: interrupts itself (_thread.interrupt_main); "
+                    "SIGINT reaches only the main interpreter")(getattr(cls, name)))
+                skipped.append(f"{cls.__name__}.{name}")
+    if skipped:
+        done.append("skipped (interrupt themselves): " + ", ".join(sorted(set(skipped))))
+    return done
 
 
 def in_subinterpreter(argdict, notify_fd):

@@ -56,9 +56,11 @@ destroyed at the end (child.py). A regression is then a test that passes on
 stock in a subinterpreter and not on tideloop in a subinterpreter. Tests
 that cannot run in an isolated subinterpreter (fork, exec of a preexec_fn,
 signal handlers, daemon threads, faulthandler, single-phase C test modules)
-fail on both sides and are not regressions. The report says
+fail on both sides and are not regressions; the scaffolding of some tests is
+adapted on both sides (helper threads, child watchers in setUp, tests that
+interrupt themselves: child.adapt_for_subinterpreter). The report says
 "subinterpreter": true; each side has the interpreter it ran in, the
-subinterpreter's config and whether it was destroyed.
+subinterpreter's config, whether it was destroyed, and the adaptations.
 """
 
 import argparse
@@ -327,6 +329,8 @@ def run_side(module, side, args, workdir, child_tmp=None):
                 info["loop_type"] = r["loop_type"]
                 info["checked"] = r["checked"]
                 info["interpreter"] = r.get("interpreter")
+                if "adaptations" in r:      # --subinterpreter
+                    info["adaptations"] = r["adaptations"]
             elif ev == "start":
                 running = r["id"]
                 skip_ids.add(r["id"])
