@@ -5,6 +5,7 @@ on tideloop (optionally also on uvloop), and compare them test by test.
     python tests/conformance/run.py [--loop asyncio|tideloop|uvloop|both|all|SIDE,SIDE...]
         [--modules m1,m2] [--json out.json] [--verbose]
         [--strict] [--known FILE] [--timeout 300] [--test-timeout 120] [--jobs N]
+        [--subinterpreter]
 
 Every (module, loop) pair runs in a fresh subprocess (child.py), so a crash or
 hang is contained: the test that was running is recorded as "crash"/"hang" and
@@ -47,6 +48,19 @@ does not pass on uvloop: failures, errors, nyi and skips alike). --strict and
 --known apply to the tideloop side only. The tideloop package is taken from
 <repo>/src when an in-place build for this interpreter is there, else from
 the installed package.
+
+--subinterpreter (3.12+) runs each (module, loop) pair in an isolated
+subinterpreter (own GIL) that its child process creates: the patch, its check
+and the tests all run there, on both sides, and the subinterpreter is
+destroyed at the end (child.py). A regression is then a test that passes on
+stock in a subinterpreter and not on tideloop in a subinterpreter. Tests
+that cannot run in an isolated subinterpreter (fork, exec of a preexec_fn,
+signal handlers, daemon threads, faulthandler, single-phase C test modules)
+fail on both sides and are not regressions; the scaffolding of some tests is
+adapted on both sides (helper threads, child watchers in setUp, tests that
+interrupt themselves: child.adapt_for_subinterpreter). The report says
+"subinterpreter": true; each side has the interpreter it ran in, the
+subinterpreter's config, whether it was destroyed, and the adaptations.
 """
 
 import argparse
@@ -272,6 +286,8 @@ def run_side(module, side, args, workdir, child_tmp=None):
             cmd += ["--skip", skipf]
         if args.verbose:
             cmd.append("--verbose")
+        if args.subinterpreter:
+            cmd.append("--subinterpreter")
         start_len = len(read_records(out))
         with open(log, "ab") as logf:
             with _live_lock:
@@ -312,6 +328,9 @@ def run_side(module, side, args, workdir, child_tmp=None):
             if ev == "meta":
                 info["loop_type"] = r["loop_type"]
                 info["checked"] = r["checked"]
+                info["interpreter"] = r.get("interpreter")
+                if "adaptations" in r:      # --subinterpreter
+                    info["adaptations"] = r["adaptations"]
             elif ev == "start":
                 running = r["id"]
                 skip_ids.add(r["id"])
@@ -324,8 +343,15 @@ def run_side(module, side, args, workdir, child_tmp=None):
             elif ev == "done":
                 done = True
                 loops = r["loops_created"]
+            elif ev == "interp":
+                info["subinterpreter"] = {"id": r["id"], "config": r["config"],
+                                          "destroyed": False}
+            elif ev == "destroyed":
+                info["subinterpreter"]["destroyed"] = True
         info["loops_created"] += loops
         if rc is not None and done:
+            if rc != 0:     # all the tests ran: e.g. a crash at interpreter exit
+                info["exit_after_done"] = describe_exit(rc)
             break
         how = describe_exit(rc)
         if rc == 1 and running is not None and "Timeout (" in tail(log, 20000):
@@ -474,6 +500,10 @@ def print_table(report, sides):
                     f"{bad.count(b)}x {b}" for b in sorted(set(bad))))
             if sd.get("error"):
                 notes.append(f"{side}: {sd['error'].splitlines()[0][:70]}")
+            if sd.get("exit_after_done"):
+                notes.append(f"{side}: after the tests: {sd['exit_after_done']}")
+            if sd.get("subinterpreter") and not sd["subinterpreter"]["destroyed"]:
+                notes.append(f"{side}: subinterpreter not destroyed")
         if both:
             regs = d["regressions"]
             unknown = sum(1 for r in regs if not r["known"])
@@ -553,6 +583,9 @@ def main(argv=None):
                          "temporary directory, removed at the end of the run)")
     ap.add_argument("--keep", action="store_true",
                     help="keep the child logs and the children's temporary files")
+    ap.add_argument("--subinterpreter", action="store_true",
+                    help="run each module in an isolated subinterpreter of its "
+                         "child process, on both sides (3.12+)")
     ap.add_argument("--python", default=sys.executable, help=argparse.SUPPRESS)
     ap.add_argument("--loop-factory", default="tideloop:Loop", help=argparse.SUPPRESS)
     ap.add_argument("--uvloop-factory", default="uvloop:Loop", help=argparse.SUPPRESS)
@@ -654,6 +687,7 @@ def run_all(args, modules, sides, known, workdir):
               "python": sys.version.split()[0],
               "loop": next((k for k, v in SIDES.items() if v == sides), ",".join(sides)),
               "loop_factory": args.loop_factory if "tideloop" in sides else None,
+              "subinterpreter": args.subinterpreter,
               "workdir": workdir, "logs_kept": bool(args.keep or args.workdir),
               "modules": {}}
     infos = run_pairs(args, [(m, side) for m in modules for side in sides], workdir, t0)
@@ -675,6 +709,14 @@ def run_all(args, modules, sides, known, workdir):
     report["wall_time_s"] = round(time.monotonic() - t0, 1)
 
     print()
+    if args.subinterpreter:
+        ran = [(m, side, d[side].get("interpreter")) for m, d in report["modules"].items()
+               for side in sides if d[side]["loop_type"]]
+        outside = [f"{m} [{side}]" for m, side, where in ran
+                   if not (where or "").startswith("subinterpreter")]
+        print(f"ran in isolated subinterpreters: {len(ran) - len(outside)} of "
+              f"{len(ran)} (module, loop) pairs"
+              + (f"; NOT in one: {', '.join(outside)}" if outside else ""))
     for side in (s for s in sides if s != "stock"):
         types = {d[side]["loop_type"] for d in report["modules"].values()}
         print(f"{side} side ran on: {', '.join(sorted(t for t in types if t) or ['(nothing)'])}")
