@@ -22,11 +22,13 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
-# tools/matrix.py holds the table's one definition: beside this file when run
+# tools/matrix.py holds the table's one definition (tools/interpreter_imports.py
+# what its verdicts mean): beside this file when run
 # as a script, tools.matrix when imported as a module.
 if __package__:
-    from . import matrix
+    from . import interpreter_imports, matrix
 else:
+    import interpreter_imports  # noqa: E402
     import matrix  # noqa: E402
 
 FIXED_DOCS = ["README.md", "bench/README.md"]
@@ -164,6 +166,168 @@ def threads_table():
                      + f". `{command(doc)}` (`results/{name}`).")
     return "\n".join(lines) + "\n\n" + "\n\n".join(notes) + "\n"
 
+
+# --- extension modules in isolated interpreters -------------------------------
+
+IMPORTS_GROUPS = (   # a package's group (imports_group()): the words before its table
+    ("refuse", "**Refuse to load** in an isolated interpreter (the package, or a module that "
+               "it needs):"),
+    ("partial", "**Import, but without their C extension**, which refuses: the package falls "
+                "back to pure Python (\"falls back\": the check below says so):"),
+    ("ok", "**Import** in an isolated interpreter:"),
+    ("absent", "**Not there** on the interpreters probed:"),
+)
+REFUSAL = re.compile(r"module (\S+) does not support loading in subinterpreters")
+WHEN = {"close": "when the interpreter is closed", "exit": "at the process's exit"}
+
+
+def _shorten(text, n=72):
+    text = text.strip()
+    return text if len(text) <= n else text[:n - 1].rstrip() + "…"
+
+
+def imports_cell(rec, packages):
+    """One module on one interpreter, as a cell: ok, refuses, crash, ..."""
+    ii = interpreter_imports
+    v = ii.verdict(rec, packages)
+    iso, main = rec["isolated"], rec["main"]
+    after = iso.get("after", {})
+    if v == "not installable":
+        return "not installable"
+    if v == "absent":
+        return ("not in this build" if rec["package"] == ii.STDLIB else
+                "not in the installed package" if rec.get("version") else "not installed")
+    if v == "fails":
+        return f"fails in the main interpreter too (`{main.get('type')}`)"
+    if iso.get("result") == "crash":
+        return f"crashes the process ({iso['signal']})"
+    if iso.get("result") == "timeout":
+        return "hangs"
+    if iso.get("result") == "ok":
+        text = "ok, falls back" if ii.fell_back(rec) else "ok"
+    else:
+        why = iso.get("reason") or iso.get("message") or ""
+        m = REFUSAL.fullmatch(why)
+        if m:
+            text = "refuses" + ("" if m.group(1) == rec["module"] else f" (`{m.group(1)}`)")
+        else:
+            text = f"`{iso.get('type')}`: {_shorten(why)}"
+    if "signal" in after:
+        text += f", then {after['signal']} {WHEN.get(after.get('when'), '')}".rstrip()
+    elif "timeout" in after:
+        text += ", then hangs"
+    elif "error" in after:
+        text += f", then {_shorten(after['error'], 40)}"
+    return text.replace("|", "\\|")
+
+
+def imports_group(rows):
+    """A package's group from its rows' verdicts on one interpreter:
+    rows = [(record, packages), ...].  A package whose extension refuses goes
+    with those that refuse unless it was seen to fall back to pure Python."""
+    ii = interpreter_imports
+    verdicts = [(rec, ii.verdict(rec, pk)) for rec, pk in rows]
+    fails = [rec for rec, v in verdicts if v in ("refuses", "crash")]
+    fell_back = any(ii.fell_back(rec) for rec, v in verdicts)
+    if any(not rec.get("ext") for rec in fails) or (fails and not fell_back):
+        return "refuse"
+    if fell_back:
+        return "partial"
+    if any(v == "ok" for rec, v in verdicts):
+        return "ok"
+    return "absent"
+
+
+def interpreter_imports_table():
+    """tools/interpreter_imports.py: which modules import in an isolated
+    subinterpreter, a table per group, a column per interpreter.  A package's
+    group is its outcome on the newest interpreter that has all its modules
+    (the columns show where the others differ)."""
+    ii = interpreter_imports
+    doc = _load("interpreter-imports.json")
+    interps = doc["interpreters"]
+    versions = list(interps)
+    order, by = [], {}          # module -> {version: record}
+    for v in versions:
+        for rec in interps[v]["modules"]:
+            if rec["module"] not in by:
+                order.append(rec["module"])
+            by.setdefault(rec["module"], {})[v] = rec
+    packages = []               # (package key, [modules]) in the probes' order
+    for mod in order:
+        first = next(iter(by[mod].values()))
+        key = mod if first["package"] == ii.STDLIB else ii.PART_OF.get(first["package"],
+                                                                        first["package"])
+        if not packages or packages[-1][0] != key:
+            packages.append((key, []))
+        packages[-1][1].append(mod)
+
+    def rows_on(mods, v):
+        return [(by[m][v], interps[v].get("packages")) for m in mods if v in by[m]]
+
+    def label(mod, with_package):
+        recs = by[mod]
+        pkg = next(iter(recs.values()))["package"]
+        if not with_package:
+            return f"`{mod}`"
+        if pkg == ii.STDLIB:
+            return f"`{mod}` (stdlib)"
+        seen = {}
+        for v, r in recs.items():
+            if r.get("version"):
+                seen.setdefault(r["version"], []).append(v)
+        if len(seen) > 1:
+            vs = "; ".join(f"{ver} on {', '.join(on)}" for ver, on in seen.items())
+        else:
+            vs = next(iter(seen), "")
+        return f"`{mod}` ({pkg}{' ' + vs if vs else ''})"
+
+    header = ["module (package)"] + [f"isolated interpreter, {interps[v]['version'].split()[0]}"
+                                     for v in versions]
+    groups = {name: [] for name, _ in IMPORTS_GROUPS}
+    checks = {}                 # module -> (check, value here, in the main interpreter)
+    for key, mods in packages:
+        complete = [v for v in versions if all(
+            ii.verdict(r, pk) not in ("absent", "not installable") for r, pk in rows_on(mods, v))]
+        group = groups[imports_group(rows_on(mods, (complete or versions)[-1]))]
+        for i, mod in enumerate(mods):
+            pkg = next(iter(by[mod].values()))["package"]
+            prev = i and next(iter(by[mods[i - 1]].values()))["package"]
+            group.append([label(mod, pkg != prev)] + [
+                imports_cell(by[mod][v], interps[v].get("packages")) if v in by[mod] else "-"
+                for v in versions])
+            for v in versions:
+                if v in by[mod] and ii.fell_back(by[mod][v]):
+                    checks[mod] = ii.fell_back(by[mod][v])
+    parts = []
+    for name, words in IMPORTS_GROUPS:
+        if groups[name]:
+            parts.append(words + "\n\n" + table(header, groups[name], left=len(header)))
+    notes = ["A package's table is what it does on the newest interpreter that has all its "
+             "modules; the columns show where the others differ. \"refuses\": `import` raises "
+             "`ImportError: module M does not support loading in subinterpreters` (M named "
+             "when it is not the row's module): M is an extension module with single-phase "
+             "initialization, or one that does not declare "
+             "`Py_MOD_PER_INTERPRETER_GIL_SUPPORTED`. Every row imports in the main "
+             "interpreter unless its cell says otherwise."]
+    if checks:
+        notes.append("\"falls back\": after the import, " + "; ".join(
+            f"`{c}` is `{here}` (in the main interpreter `{there}`)"
+            for c, here, there in checks.values()) + ".")
+    failed = [f"{v}: {pkg} ({p.get('error', '?')})" for v in versions
+              for pkg, p in (interps[v].get("packages") or {}).items()
+              if p.get("status") == "not installable"]
+    if failed:
+        notes.append("Not installable: " + "; ".join(_shorten(f, 120) for f in failed) + ".")
+    built = sorted({f"{name} on {v}" for v in versions
+                    for p in (interps[v].get("packages") or {}).values()
+                    for name in p.get("built_from_source", [])})
+    ran = ", ".join(f"{r['version'].split()[0]} ({r['date']}, `{r['api']}`)"
+                    for r in interps.values())
+    notes.append(f"Python {ran}; pip's newest releases, wheels preferred"
+                 + (f" (built from source: {', '.join(built)})" if built else "")
+                 + f"; `{command(doc)}` (`results/interpreter-imports.json`).")
+    return "\n\n".join(parts + notes) + "\n"
 
 # --- shared formatting -------------------------------------------------------
 
@@ -518,6 +682,7 @@ GENERATORS = {
     "suites": lambda: _suites("ecosystem-suites.json"),             # the quick selection (CI)
     "suites_full": lambda: _suites("ecosystem-suites-full.json"),   # --full
     "core_map": core_map, "targets": targets_table,
+    "interpreter_imports": interpreter_imports_table,   # tools/interpreter_imports.py
 }
 
 

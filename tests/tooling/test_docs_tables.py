@@ -84,3 +84,32 @@ def test_every_generator_fills_a_region_and_every_region_has_one():
         with open(os.path.join(REPO, rel)) as f:
             used |= set(re.findall(r"<!-- generated: (\w+)", f.read()))
     assert used == set(docs_tables.GENERATORS)
+
+
+def test_interpreter_imports_groups_what_refuses_first(tmp_path):
+    """results/interpreter-imports.json -> docs/usage.md: a module that
+    starts refusing isolated interpreters moves, with its package, from the
+    table of those that import to that of those that refuse; one that
+    crashes the process says so."""
+    import json
+    copy_tree_for_tables(tmp_path)
+    path = tmp_path / "results" / "interpreter-imports.json"
+    doc = json.loads(path.read_text())
+    newest = list(doc["interpreters"])[-1]
+    for rec in doc["interpreters"][newest]["modules"]:
+        if rec["module"] == "tideloop._core":
+            rec["isolated"] = {"result": "error", "type": "ImportError",
+                               "message": "module tideloop._core does not support loading "
+                                          "in subinterpreters"}
+        if rec["module"] == "sniffio":
+            rec["isolated"] = {"result": "crash", "signal": "SIGSEGV", "when": "import"}
+    path.write_text(json.dumps(doc))
+    p = run("--check", cwd=tmp_path)
+    assert p.returncode == 1 and "docs/usage.md" in p.stderr
+    assert run(cwd=tmp_path).returncode == 0
+    text = (tmp_path / "docs" / "usage.md").read_text()
+    refuse = text[text.index("**Refuse to load**"):text.index("**Import** in")]
+    assert "| `tideloop` (tideloop" in refuse and "| `tideloop._core` |" in refuse
+    row = next(ln for ln in refuse.splitlines() if ln.startswith("| `tideloop._core` |"))
+    assert row.rstrip(" |").endswith("refuses")
+    assert "crashes the process (SIGSEGV)" in refuse
