@@ -16,6 +16,8 @@ import runpy
 import sys
 import traceback
 
+INDEX = None        # tideloop.interpreters.index(): set by serve()
+
 # Bytes of the control pipe (main interpreter -> this one).
 STOP = b"c"         # cancel the main task (a graceful stop)
 FORCE = b"s"        # stop the loop (its runner cancels what is left)
@@ -115,6 +117,8 @@ def serve(index, control_fd, outcome_path, main_ref, loop_ref, payload, path,
           argv, main_path):
     """Run main(*args, **kwargs) on a loop of loop_ref's and write the
     outcome to outcome_path: ("ok", pickled result) or ("error", failure)."""
+    global INDEX
+    INDEX = index
     sys.path[:] = path
     sys.argv[:] = argv
     try:

@@ -49,7 +49,7 @@ import threading
 from . import _compat
 from .threads import _cpu_count, _supervise, _wake_pipe, reuse_port_socket
 
-__all__ = ("run", "reuse_port_socket", "InterpreterError", "available")
+__all__ = ("run", "reuse_port_socket", "index", "InterpreterError", "available")
 
 _WHAT = "interpreters"
 
@@ -81,6 +81,13 @@ _PY312_DEFECT = (
     "(through its ssl module) is not safe in isolated interpreters -- the "
     "process aborts at exit with a corrupted heap, on asyncio's own loop as on "
     "tideloop's; use tideloop.threads or worker processes (tideloop.workers)")
+
+
+def index():
+    """Which of run()'s interpreters this is (0 to N-1; a number for logs,
+    or for a part of the work), or None outside them."""
+    from . import _interp_child
+    return _interp_child.INDEX
 
 
 def available():
