@@ -882,7 +882,15 @@ def test_subprocess_from_loop_in_other_thread(raw_loop_factory):
 # ---------------------------------------------------------------- watchers
 
 
-@pytest.mark.parametrize("kind", ["threaded", "pidfd", "safe"])
+@pytest.mark.parametrize("kind", [
+    # (asyncio.ThreadedChildWatcher: a daemon thread per child)
+    pytest.param("threaded", marks=pytest.mark.main_interpreter(
+        "ThreadedChildWatcher watches each child from a daemon thread, which an isolated "
+        "subinterpreter refuses (RuntimeError: daemon threads are disabled)")),
+    "pidfd",
+    pytest.param("safe", marks=pytest.mark.main_interpreter(
+        "SafeChildWatcher installs a SIGCHLD handler: signal handlers work in the main "
+        "thread of the main interpreter only"))])
 def test_explicit_child_watcher(loop, loop_name, kind):
     """A child watcher set by the application works.  The stock loop always
     uses it; tideloop uses a watcher that reaps every child (Safe, Fast,
