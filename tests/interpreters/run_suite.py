@@ -4,7 +4,7 @@ both loops, and compare the params test by test.
 
     python tests/interpreters/run_suite.py [FILE ...] [--all] [--json OUT]
         [--jobs N] [--chunk-files N] [--test-timeout S] [--strict] [-v]
-        [--workdir DIR] [-- PYTEST_ARGS ...]
+        [--known FILE] [--workdir DIR] [-- PYTEST_ARGS ...]
 
 FILE: test files relative to the checkout (the same list for every
 interpreter); default: DEFAULT_FILES, a subset covering every transport and
@@ -42,6 +42,11 @@ and how long each stage took.  --json OUT writes all of it.
 Exit status 1 on a regression, an unpaired failure, a crash, a hang, a file
 that did not collect or a chunk that did not finish; with --strict also on a
 test failing on both params.  2: this interpreter has no subinterpreters.
+--known FILE (tests/interpreters/known_failures.txt): regressions and
+unpaired failures of the tests listed there (one test id a line, fnmatch
+patterns allowed, "# reason" after it: a tideloop bug known and tracked) are
+reported as known and do not fail the run; a listed test that no longer
+fails does (the list must shrink when the bug is fixed).
 
 On 3.12 the child leaves with os._exit() once the subinterpreter is
 destroyed and the results are written: 3.12.1's main-interpreter
@@ -50,6 +55,7 @@ isolated subinterpreter imported _asyncio, tideloop or not (CPython
 gh-112140).
 """
 import argparse
+import fnmatch
 import json
 import os
 import re
@@ -200,6 +206,7 @@ class Chunk:
         self.items = {}         # nodeid -> {side, key, variant}
         self.results = {}       # nodeid -> {outcome, message, duration}
         self.collect_errors = []
+        self.collect_skips = []
         self.incidents = []     # crashes and hangs
         self.problems = []      # a child that did not finish for another reason
         self.stages = Counter()
@@ -232,7 +239,10 @@ def run_chunk(chunk, args, workdir, env, log):
         events_path = cdir / f"events{attempt}.jsonl"
         deselect_path = cdir / f"deselect{attempt}.json"
         deselect_path.write_text(json.dumps(sorted(done)))
+        # (--continue-on-collection-errors: a file that does not collect is
+        # reported, the chunk's other files still run)
         pytest_args = [*chunk.files, "-p", "tests.interpreters.si_report",
+                       "--continue-on-collection-errors",
                        "-p", "no:cacheprovider", "-p", "no:faulthandler", "-q",
                        *args.pytest_args]
         spec = cdir / f"spec{attempt}.json"
@@ -264,6 +274,8 @@ def run_chunk(chunk, args, workdir, env, log):
                     chunk.items[ev["nodeid"]] = {k: ev[k] for k in ("side", "key", "variant")}
                 elif kind == "collect_error":
                     chunk.collect_errors.append({"nodeid": ev["nodeid"], "message": ev["message"]})
+                elif kind == "collect_skip":
+                    chunk.collect_skips.append({"file": ev["nodeid"], "reason": ev["message"]})
                 elif kind == "start":
                     current = ev["nodeid"]
                 elif kind == "result":
@@ -387,6 +399,7 @@ def build_report(chunks, files, wall, stages):
                 stock_only.append({"test": key, "message": _norm(stock["message"])})
     incidents = [dict(i, chunk=c.index) for c in chunks for i in c.incidents]
     collect_errors = [e for c in chunks for e in c.collect_errors]
+    skipped_files = [e for c in chunks for e in c.collect_skips]
     problems = [p for c in chunks for p in c.problems]
     return {
         "python": sys.version.split()[0],
@@ -402,6 +415,7 @@ def build_report(chunks, files, wall, stages):
         "failing_on_asyncio_only": stock_only,
         "main_interpreter_only": dict(main_only),
         "other_skips": dict(other_skips),
+        "skipped_files": skipped_files,
         "incidents": incidents,
         "collect_errors": collect_errors,
         "problems": problems,
@@ -435,6 +449,15 @@ def print_report(rep, verbose, out=sys.stdout):
     p(f"unpaired tests (one loop param only) failing: {len(rep['unpaired_failures'])}")
     for r in rep["unpaired_failures"]:
         p(f"  {r['test']}  {r['params']}\n      {_norm(r['message'])}")
+    if "known" in rep:
+        p(f"known (listed in --known, not counted): {len(rep['known'])}")
+        for r in rep["known"]:
+            p(f"  {r['test']}  {r['params']}\n      {_norm(r['message'])}\n"
+              f"      known: {r['reason']}")
+        if rep["stale_known"]:
+            p(f"listed in --known but not failing (remove them): {len(rep['stale_known'])}")
+            for k in rep["stale_known"]:
+                p(f"  {k}")
     nboth = sum(len(v) for v in rep["failing_on_both"].values())
     p(f"failing on both params: {nboth}")
     for cause, keys in rep["failing_on_both"].items():
@@ -447,6 +470,8 @@ def print_report(rep, verbose, out=sys.stdout):
     p(f"skipped as main interpreter only: {sum(rep['main_interpreter_only'].values())}")
     for reason, n in sorted(rep["main_interpreter_only"].items()):
         p(f"  [{n}] {reason}")
+    for e in rep["skipped_files"]:
+        p(f"  [whole file] {e['file']}: {e['reason']}")
     p(f"other skips: {sum(rep['other_skips'].values())}")
     for reason, n in sorted(rep["other_skips"].items()):
         p(f"  [{n}] {_norm(reason)}")
@@ -472,9 +497,44 @@ def print_report(rep, verbose, out=sys.stdout):
     p(f"  {'total (wall clock)':40s} {rep['timing']['wall']:8.1f}")
 
 
+def parse_known(text):
+    """{test id pattern: reason} from a known-failures file."""
+    known = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        pattern, _, reason = line.partition("#")
+        pattern, reason = pattern.strip(), reason.strip()
+        if not reason or " " in pattern:
+            raise ValueError(f"line {n}: expected 'TEST_ID  # reason', got {line!r}")
+        if pattern in known:
+            raise ValueError(f"line {n}: {pattern} listed twice")
+        known[pattern] = reason
+    return known
+
+
+def apply_known(rep, known):
+    """Move the listed regressions and unpaired failures to rep["known"];
+    the patterns that matched none go to rep["stale_known"]."""
+    used = set()
+    rep["known"] = []
+    for section in ("regressions", "unpaired_failures"):
+        keep = []
+        for r in rep[section]:
+            hit = next((p for p in known if fnmatch.fnmatchcase(r["test"], p)), None)
+            if hit is None:
+                keep.append(r)
+            else:
+                used.add(hit)
+                rep["known"].append(dict(r, reason=known[hit], section=section))
+        rep[section] = keep
+    rep["stale_known"] = sorted(set(known) - used)
+
+
 def verdict(rep, strict):
     return bool(rep["regressions"] or rep["unpaired_failures"] or rep["incidents"]
-                or rep["collect_errors"] or rep["problems"]
+                or rep["collect_errors"] or rep["problems"] or rep.get("stale_known")
                 or (strict and rep["failing_on_both"]))
 
 
@@ -510,6 +570,8 @@ def main(argv=None):
                     help="new children for a chunk after crashes in a test (default 3)")
     ap.add_argument("--strict", action="store_true",
                     help="exit 1 also when a test fails on both params")
+    ap.add_argument("--known", metavar="FILE",
+                    help="known tideloop failures (tests/interpreters/known_failures.txt)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every test's outcomes")
     ap.add_argument("--workdir", help="keep the children's files there (default: a temporary "
                                       "directory, removed at the end)")
@@ -532,6 +594,7 @@ def main(argv=None):
     stages = Counter()
     t = time.monotonic()
     files = _files(args)
+    known = parse_known(Path(args.known).read_text()) if args.known else None
     step = max(1, args.chunk_files)
     chunks = [Chunk(i, files[j:j + step]) for i, j in enumerate(range(0, len(files), step))]
     env = dict(os.environ)
@@ -567,6 +630,8 @@ def main(argv=None):
             stages[f"children: {name}"] += v
     t = time.monotonic()
     rep = build_report(chunks, files, time.monotonic() - t_start, stages)
+    if known is not None:
+        apply_known(rep, known)
     rep["timing"]["stages"]["report"] = round(time.monotonic() - t, 3)
     rep["timing"]["wall"] = round(time.monotonic() - t_start, 2)
     print_report(rep, args.verbose)

@@ -10,6 +10,7 @@ even when the process dies right after it), as the run goes:
              None), key (the test id without its loop parameter) and variant
              (the id of that parameter: "tideloop-openssl", ...)
   collect_error  a file that did not collect, with the message
+  collect_skip   a file skipped whole, with the reason
   collected  how many tests will run
   start      a test begins (a crash after it and before its result is that test's)
   result     its outcome, the worst of its phases: passed, failed, skipped,
@@ -72,6 +73,8 @@ def pytest_sessionstart(session):
 def pytest_collectreport(report):
     if report.failed:
         _emit(event="collect_error", nodeid=report.nodeid, message=_message(report, full=True))
+    elif report.skipped:        # a whole module skipped (pytest.skip(allow_module_level=True))
+        _emit(event="collect_skip", nodeid=report.nodeid, message=_message(report))
 
 
 @pytest.hookimpl(trylast=True)
