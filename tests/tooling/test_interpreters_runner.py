@@ -94,6 +94,13 @@ def test_known_failures_do_not_fail_the_run_but_stale_entries_do(tmp_path):
     assert r.returncode == 1 and rep["stale_known"] == [PROBE + "::test_regresses"]
 
 
+def test_known_patterns_keep_brackets_literal():
+    assert run_suite._matches("a.py::t[False]", "a.py::t[*]")
+    assert run_suite._matches("a.py::t[False]", "a.py::t[False]")
+    assert not run_suite._matches("a.py::tF", "a.py::t[False]")
+    assert not run_suite._matches("a.py::t[False]x", "a.py::t[*]")
+
+
 def test_parse_known():
     assert run_suite.parse_known("# comment\n\n  a.py::t[x]  # why\nb.py::*  # all\n") == {
         "a.py::t[x]": "why", "b.py::*": "all"}
