@@ -534,7 +534,8 @@ def _matches(test, pattern):
 
 def apply_known(rep, known):
     """Move the listed regressions and unpaired failures to rep["known"];
-    the patterns that matched none go to rep["stale_known"]."""
+    the patterns that name tests which ran and failed in none of these ways
+    go to rep["stale_known"]."""
     used = set()
     rep["known"] = []
     for section in ("regressions", "unpaired_failures"):
@@ -547,7 +548,9 @@ def apply_known(rep, known):
                 used.add(hit)
                 rep["known"].append(dict(r, reason=known[hit], section=section))
         rep[section] = keep
-    rep["stale_known"] = sorted(set(known) - used)
+    # (an entry whose tests did not run here, another file's, is not stale)
+    rep["stale_known"] = sorted(p for p in set(known) - used
+                                if any(_matches(test, p) for test in rep["tests"]))
 
 
 def verdict(rep, strict):
@@ -657,7 +660,9 @@ def main(argv=None):
     rep["exit_status"] = int(failed)
     if args.json:
         Path(args.json).write_text(json.dumps(rep, indent=1, sort_keys=True))
-    print(f"\nrun_suite: {'FAILED' if failed else 'OK'}: {len(rep['regressions'])} regressions, "
+    known_note = f" (+{len(rep['known'])} known)" if rep.get("known") else ""
+    print(f"\nrun_suite: {'FAILED' if failed else 'OK'}: {len(rep['regressions'])} regressions"
+          f"{known_note}, "
           f"{len(rep['incidents'])} crashes/hangs, "
           f"{sum(len(v) for v in rep['failing_on_both'].values())} failing on both params")
     return int(failed)

@@ -92,6 +92,9 @@ def test_known_failures_do_not_fail_the_run_but_stale_entries_do(tmp_path):
         (PROBE + "::test_regresses", "made up")]
     r, rep = run(tmp_path, PROBE, "--known", str(known))        # no fault: the entry is stale
     assert r.returncode == 1 and rep["stale_known"] == [PROBE + "::test_regresses"]
+    known.write_text(f"{PROBE}::test_regresses  # made up\nother.py::test_x  # not run here\n")
+    r, rep = run(tmp_path, PROBE, "--known", str(known), env={"TIDELOOP_SI_PROBE": "regress"})
+    assert r.returncode == 0 and rep["stale_known"] == [], r.stdout[-3000:]
 
 
 def test_known_patterns_keep_brackets_literal():
