@@ -22,7 +22,7 @@ try:
 except ImportError:     # an isolated subinterpreter: faulthandler is per process
     faulthandler = None
 
-from loop_helpers import SLOW, child_env, sigint_default
+from loop_helpers import IN_MAIN_INTERPRETER, SLOW, child_env, sigint_default_kwargs
 
 LOOP_NAMES = ["asyncio", "tideloop"]
 SRC_DIR = Path(__file__).resolve().parents[1] / "src"
@@ -44,7 +44,10 @@ def _on_alarm(signum, frame):
 
 @pytest.fixture(autouse=True)
 def _watchdog():
-    in_main = threading.current_thread() is threading.main_thread()
+    # signal.signal() works in the main thread of the main interpreter only
+    # (ValueError elsewhere).  In a subinterpreter (tests/interpreters/) the
+    # runner's per-test timeout is the watchdog.
+    in_main = IN_MAIN_INTERPRETER and threading.current_thread() is threading.main_thread()
     if in_main:
         old = signal.signal(signal.SIGALRM, _on_alarm)
         signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT)
@@ -105,6 +108,7 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    _skip_main_interpreter_only(items)
     loops = {x.strip() for x in config.getoption("loops").split(",") if x.strip()}
     unknown = loops - set(LOOP_NAMES)
     if unknown or not loops:
@@ -121,6 +125,22 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def _skip_main_interpreter_only(items):
+    """In a subinterpreter, skip the tests marked ``main_interpreter(reason)``:
+    they need what only the main interpreter has (signal handlers, fork,
+    faulthandler, preexec_fn), on either loop.  In the main interpreter the
+    mark changes nothing."""
+    if IN_MAIN_INTERPRETER:
+        return
+    for item in items:
+        mark = item.get_closest_marker("main_interpreter")
+        if mark is not None:
+            reason = mark.args[0] if mark.args else mark.kwargs.get("reason", "")
+            if not reason:
+                raise pytest.UsageError(f"{item.nodeid}: main_interpreter(reason) needs a reason")
+            item.add_marker(pytest.mark.skip(reason=f"main interpreter only: {reason}"))
 
 
 def pytest_collection_finish(session):
@@ -224,7 +244,7 @@ def run_script(loop_name):
             text=True,
             timeout=timeout,
             env=child_env(env),
-            preexec_fn=sigint_default,
+            **sigint_default_kwargs(),
         )
 
     return _run

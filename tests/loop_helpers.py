@@ -52,6 +52,113 @@ def sigint_default():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _in_main_interpreter():
+    """Whether this code runs in the main interpreter (False in a
+    subinterpreter).  Stock-side code must not ask tideloop
+    (``tideloop._core.main_interpreter``), so this asks CPython: 3.13+'s
+    ``_interpreters``, 3.12's ``_xxsubinterpreters`` (3.11 has it too)."""
+    try:
+        import _interpreters as interpreters
+    except ImportError:
+        try:
+            import _xxsubinterpreters as interpreters
+        except ImportError:     # a build without it: no subinterpreters either
+            return True
+    return interpreters.get_current() == interpreters.get_main()
+
+
+IN_MAIN_INTERPRETER = _in_main_interpreter()
+
+
+def _sigint_ignored_by_process():
+    """Whether SIGINT's disposition in this process is "ignore" (read from
+    /proc/self/status, which signal.getsignal() in a subinterpreter cannot
+    tell)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("SigIgn:"):
+                return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    return False
+
+
+def sigint_default_kwargs():
+    """The subprocess keyword arguments that give a child SIGINT's default
+    disposition: ``preexec_fn=sigint_default`` in the main interpreter.
+
+    A subinterpreter refuses ``preexec_fn`` ("preexec_fn not supported within
+    subinterpreters") and ``signal.signal``; there none is needed as long as
+    this process handles SIGINT (Python's own handler, installed by the main
+    interpreter at start-up), since exec gives a handled signal its default
+    disposition.  Only a process that ignores SIGINT (started by a background
+    job of a non-interactive shell) has no way to give its children the
+    default from a subinterpreter: the test is skipped there
+    (tests/interpreters/run_suite.py starts its children with the default)."""
+    if IN_MAIN_INTERPRETER:
+        return {"preexec_fn": sigint_default}
+    if _sigint_ignored_by_process():
+        import pytest
+
+        pytest.skip("this process ignores SIGINT and a subinterpreter can give a child "
+                    "neither preexec_fn nor signal.signal to restore the default")
+    return {}
+
+
+# The reason a test that imports hypothesis cannot run in an isolated
+# subinterpreter (hypothesis's own native module does not declare that it can).
+HYPOTHESIS_REASON = ("hypothesis: its native module hypothesis._native does not load "
+                     "in an isolated subinterpreter")
+
+
+def hypothesis_api():
+    """``(HealthCheck, given, settings, st)``: hypothesis's own.
+
+    In an isolated subinterpreter, where ``import hypothesis`` fails
+    (HYPOTHESIS_REASON), stand-ins instead: the module's other tests still
+    run, and each ``@given`` test is collected with the ``main_interpreter``
+    mark (skipped there, with that reason).  In the main interpreter a
+    missing hypothesis still fails the import."""
+    try:
+        from hypothesis import HealthCheck, given, settings
+        from hypothesis import strategies as st
+        return HealthCheck, given, settings, st
+    except ImportError:
+        if IN_MAIN_INTERPRETER:
+            raise
+    import functools
+    import inspect
+
+    import pytest
+
+    class Anything:
+        """st.lists(...).map(tuple), HealthCheck.too_slow, ...: any attribute,
+        call or operator yields a stand-in again."""
+        def __getattr__(self, name):
+            return self
+
+        def __call__(self, *args, **kwargs):
+            return self
+
+        def __or__(self, other):
+            return self
+
+    def given(*args, **kwargs):
+        def decorate(fn):
+            sig = inspect.signature(fn)
+            keep = [p for name, p in sig.parameters.items() if name not in kwargs]
+
+            @functools.wraps(fn)
+            def skipped(*a, **kw):
+                pytest.skip(HYPOTHESIS_REASON)
+            skipped.__signature__ = sig.replace(parameters=keep)  # no fixture per strategy
+            return pytest.mark.main_interpreter(HYPOTHESIS_REASON)(skipped)
+        return decorate
+
+    def settings(*args, **kwargs):
+        return lambda fn: fn
+
+    return Anything(), given, settings, Anything()
+
+
 def child_env(extra=None):
     env = dict(os.environ)
     parts = [str(_tideloop_root())]

@@ -317,6 +317,9 @@ def gil_holder(n):
     return after_the_c_call
 
 
+@pytest.mark.main_interpreter(
+    "a stack taken while C code holds the GIL needs faulthandler's signal, which a "
+    "subinterpreter has not (there the capture waits for the GIL)")
 def test_c_code_holding_the_gil_is_caught_on_its_line(tl, caplog):
     diagnostics.watch_stalls(0.05, tl)
     n = sum_size(0.6)     # at least 0.15 s even if measured on a busy machine
@@ -340,6 +343,7 @@ def test_c_code_holding_the_gil_is_caught_on_its_line(tl, caplog):
     assert second["capture_delay"] < second["duration"] - 0.05
 
 
+@pytest.mark.main_interpreter("faulthandler: it does not load in a subinterpreter")
 def test_no_signal_once_faulthandler_lets_go_of_it(tl):
     # The default action of the real-time signal would end the process.
     import faulthandler

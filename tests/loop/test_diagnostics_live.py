@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from loop_helpers import child_env, sigint_default
+from loop_helpers import child_env, sigint_default_kwargs
 from tideloop import _diag_live, diagnostics
 
 TIMEOUT = 30
@@ -221,7 +221,7 @@ def test_refreshes_are_separate_frames(tmp_path):
         p = subprocess.Popen([sys.executable, "-m", "tideloop", "top", str(proc.pid),
                               "--interval", "0.3"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=child_env(),
-                             preexec_fn=sigint_default)     # Ctrl-C reaches it
+                             **sigint_default_kwargs())     # Ctrl-C reaches it
         try:
             time.sleep(2.0)
             p.send_signal(signal.SIGINT)           # Ctrl-C: exit status 0

@@ -14,6 +14,14 @@ import time
 
 import pytest
 
+from loop_helpers import IN_MAIN_INTERPRETER
+
+if not IN_MAIN_INTERPRETER:
+    try:
+        import ctypes  # noqa: F401 - opentelemetry-sdk imports it
+    except ImportError as exc:  # 3.12: _ctypes does not load in an isolated subinterpreter
+        pytest.skip(f"main interpreter only: opentelemetry-sdk imports ctypes ({exc})",
+                    allow_module_level=True)
 pytest.importorskip("opentelemetry.sdk")
 
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402

@@ -6,6 +6,9 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.main_interpreter(
+    "os.fork(): an isolated subinterpreter refuses it (RuntimeError: fork not supported "
+    "for isolated subinterpreters)")
 
 CHILD_OK, CHILD_REFUSED, CHILD_OTHER_ERROR, CHILD_CRASH = 0, 2, 3, 4
 

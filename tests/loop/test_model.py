@@ -9,8 +9,10 @@ not depend on wall-clock timing.
 """
 from collections import deque
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from loop_helpers import hypothesis_api
+
+# (stand-ins in an isolated subinterpreter, where hypothesis does not load)
+HealthCheck, given, settings, st = hypothesis_api()
 
 
 class ModelHandle:

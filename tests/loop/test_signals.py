@@ -7,12 +7,23 @@ import time
 
 import pytest
 
-from loop_helpers import stop_after
+from loop_helpers import IN_MAIN_INTERPRETER, stop_after
+
+# A test that installs a handler (or needs one of its own: Ctrl-C): signal
+# handlers and the wakeup fd are the main thread's of the main interpreter
+# only.  The argument checks run everywhere: both loops make them before
+# they try the wakeup fd.
+main_interpreter = pytest.mark.main_interpreter(
+    "signal handlers and the wakeup fd work in the main thread of the main interpreter "
+    "only (add_signal_handler raises RuntimeError elsewhere, on both loops)")
 
 
 @pytest.fixture(autouse=True)
 def _signal_state():
     """Each test starts and ends with default SIGUSR1/2 and no wakeup fd."""
+    if not IN_MAIN_INTERPRETER:     # (neither can be set there)
+        yield
+        return
     assert signal.set_wakeup_fd(-1) == -1, "a wakeup fd leaked from a previous test"
     before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)}
     yield
@@ -21,6 +32,7 @@ def _signal_state():
     signal.set_wakeup_fd(-1)
 
 
+@main_interpreter
 def test_signal_handler_runs_with_args(loop):
     got = []
 
@@ -35,6 +47,7 @@ def test_signal_handler_runs_with_args(loop):
     assert got == [("a", 2)]
 
 
+@main_interpreter
 def test_signal_wakes_sleeping_loop(loop):
     got = []
     loop.add_signal_handler(signal.SIGUSR1, lambda: (got.append(time.monotonic()), loop.stop()))
@@ -51,6 +64,7 @@ def test_signal_wakes_sleeping_loop(loop):
     assert got[0] - t0 < 5
 
 
+@main_interpreter
 def test_signal_handler_runs_in_loop_context_not_signal_context(loop):
     """The callback runs as a loop callback: get_running_loop() works."""
     seen = []
@@ -67,6 +81,7 @@ def test_signal_handler_runs_in_loop_context_not_signal_context(loop):
     assert seen == [loop]
 
 
+@main_interpreter
 def test_multiple_signals(loop):
     got = []
 
@@ -84,6 +99,7 @@ def test_multiple_signals(loop):
     assert got == ["usr1", "usr2"]
 
 
+@main_interpreter
 def test_replace_signal_handler(loop):
     got = []
     loop.add_signal_handler(signal.SIGUSR1, got.append, "old")
@@ -94,6 +110,7 @@ def test_replace_signal_handler(loop):
     assert got == ["new"]
 
 
+@main_interpreter
 def test_remove_signal_handler(loop):
     loop.add_signal_handler(signal.SIGUSR1, lambda: None)
     assert signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, signal.SIG_IGN)
@@ -103,12 +120,14 @@ def test_remove_signal_handler(loop):
     assert loop.remove_signal_handler(signal.SIGUSR2) is False
 
 
+@main_interpreter
 def test_remove_sigint_restores_default_int_handler(loop):
     loop.add_signal_handler(signal.SIGINT, lambda: None)
     assert loop.remove_signal_handler(signal.SIGINT) is True
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+@main_interpreter
 def test_removed_handler_not_called(loop):
     got = []
     loop.add_signal_handler(signal.SIGUSR1, got.append, "x")
@@ -139,6 +158,7 @@ def test_coroutine_callback_refused(loop):
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
 
 
+@main_interpreter
 def test_uncatchable_signal(loop):
     with pytest.raises(RuntimeError, match="^sig 9 cannot be caught$"):
         loop.add_signal_handler(signal.SIGKILL, lambda: None)
@@ -191,6 +211,7 @@ def test_add_signal_handler_on_closed_loop(new_loop):
         lp.add_signal_handler(signal.SIGUSR1, lambda: None)
 
 
+@main_interpreter
 def test_close_restores_signal_state(new_loop):
     lp = new_loop()
     lp.add_signal_handler(signal.SIGUSR1, lambda: None)
@@ -202,6 +223,7 @@ def test_close_restores_signal_state(new_loop):
     assert signal.set_wakeup_fd(-1) == -1
 
 
+@main_interpreter
 def test_remove_last_handler_clears_wakeup_fd(loop):
     loop.add_signal_handler(signal.SIGUSR1, lambda: None)
     loop.add_signal_handler(signal.SIGUSR2, lambda: None)
@@ -214,6 +236,7 @@ def test_remove_last_handler_clears_wakeup_fd(loop):
     assert signal.set_wakeup_fd(-1) == -1
 
 
+@main_interpreter
 def test_close_with_previous_wakeup_fd(loop_name, new_loop):
     """A wakeup fd installed before the loop: stock asyncio resets it to -1
     when its last handler goes; tideloop restores the previous one."""
@@ -327,6 +350,7 @@ def test_sigint_handler_via_add_signal_handler(run_script):
     assert proc.stdout.split("\n")[:2] == ["['int']", "True"]
 
 
+@main_interpreter
 def test_signal_while_not_running_is_delivered_on_next_run(loop):
     got = []
     loop.add_signal_handler(signal.SIGUSR1, got.append, "late")
@@ -337,6 +361,7 @@ def test_signal_while_not_running_is_delivered_on_next_run(loop):
     assert got == ["late"]
 
 
+@main_interpreter
 def test_signal_handler_exception_goes_to_handler(loop):
     contexts = []
     loop.set_exception_handler(lambda lp, ctx: contexts.append(ctx))
@@ -353,6 +378,7 @@ def test_signal_handler_exception_goes_to_handler(loop):
     assert isinstance(contexts[0]["exception"], ValueError)
 
 
+@main_interpreter
 def test_signal_handler_with_loop_in_debug(loop):
     loop.set_debug(True)
     got = []

@@ -7,10 +7,11 @@ import sys
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from loop_helpers import stop_after
+from loop_helpers import hypothesis_api, stop_after
+
+# (stand-ins in an isolated subinterpreter, where hypothesis does not load)
+HealthCheck, given, settings, st = hypothesis_api()
 
 
 def noop():

@@ -8,7 +8,6 @@ side, tracked by weakref) collected.
 N is 300 in the normal suite, 10,000 with TIDELOOP_LONG=1.  The checker must
 catch one object kept per connection (test_checker_catches_kept_objects)."""
 import asyncio
-import faulthandler
 import gc
 import os
 import signal
@@ -16,6 +15,11 @@ import sys
 import weakref
 
 import pytest
+
+try:
+    import faulthandler
+except ImportError:     # an isolated subinterpreter: faulthandler is per process
+    faulthandler = None
 
 from net_helpers import STEP_TIMEOUT, open_fds
 from tls_helpers import client_context, server_context
@@ -161,8 +165,10 @@ def check(loop, n, leak=None):
 def long_watchdog():
     """TIDELOOP_LONG=1: the 10,000 connections take longer than the suite's
     per-test watchdog (tests/conftest.py) allows; give this test 30 minutes
-    (the watchdog fixture disarms both timers after the test)."""
-    if LONG:
+    (the watchdog fixture disarms both timers after the test).  Not in a
+    subinterpreter, which has neither: tests/interpreters/run_suite.py's
+    --test-timeout applies there."""
+    if LONG and faulthandler is not None:
         signal.setitimer(signal.ITIMER_REAL, 1800)
         faulthandler.dump_traceback_later(1900, exit=True)
 

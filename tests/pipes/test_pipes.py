@@ -18,6 +18,7 @@ import warnings
 
 import pytest
 
+from loop_helpers import IN_MAIN_INTERPRETER
 from net_helpers import (
     Recorder, arun, collapse, fd_leak_check, open_fds, wait, wait_until,
 )
@@ -73,7 +74,8 @@ def blocking_writer(fd, data, chunk=1 << 16, close=True):
             if close:
                 os.close(fd)
 
-    t = threading.Thread(target=run, daemon=True)
+    # (an isolated subinterpreter refuses daemon threads)
+    t = threading.Thread(target=run, daemon=IN_MAIN_INTERPRETER)
     t.start()
     return t
 

@@ -24,11 +24,22 @@ import warnings
 
 import pytest
 
-from loop_helpers import sigint_default
+from loop_helpers import sigint_default_kwargs
 from net_helpers import arun, fd_leak_check, open_fds, raise_nofile, wait, wait_until
 
 PY = [sys.executable, "-I", "-S", "-c"]
 SH = "/bin/sh"
+
+PREEXEC_ONLY_IN_MAIN = pytest.mark.main_interpreter(
+    "preexec_fn: a subinterpreter refuses it (RuntimeError: preexec_fn not supported "
+    "within subinterpreters), on both loops")
+# Without pidfds the stock loop watches each child from a daemon thread
+# (asyncio's thread-per-child watcher), and an isolated subinterpreter refuses
+# daemon threads (RuntimeError: daemon threads are disabled in this
+# (sub)interpreter).
+NO_PIDFD_ONLY_IN_MAIN = pytest.mark.main_interpreter(
+    "without pidfds asyncio watches each child from a daemon thread, which an isolated "
+    "subinterpreter refuses (RuntimeError: daemon threads are disabled)")
 
 # Child watchers: 3.11-3.13 (deprecated, warning, in 3.12-3.13), gone in 3.14.
 HAS_CHILD_WATCHERS = hasattr(asyncio, "set_child_watcher")
@@ -383,7 +394,7 @@ def test_transport_kill_terminate_send_signal(loop):
             # with the default, whatever this run has)
             tr, p = await loop.subprocess_exec(
                 lambda: SubRecorder(loop), SH, "-c", "echo go; exec sleep 10", stdout=PIPE,
-                preexec_fn=sigint_default)
+                **sigint_default_kwargs())
             await wait_until(lambda: bytes(p.data[1]) == b"go\n")
             if meth == "send_signal":
                 tr.send_signal(sig)
@@ -549,6 +560,7 @@ def test_session_and_process_group(loop):
     assert run_capture(loop, py(code), process_group=0) == (0, b"False True\n")
 
 
+@PREEXEC_ONLY_IN_MAIN
 def test_umask_and_preexec_fn(loop):
     code = "import os; print(oct(os.umask(0)), os.nice(0))"
     base = os.nice(0)
@@ -627,6 +639,7 @@ def test_permission_denied(loop, tmp_path, fds_checked):
     gc.collect()
 
 
+@PREEXEC_ONLY_IN_MAIN
 def test_preexec_fn_raising(loop, fds_checked):
     def bad():
         raise RuntimeError("in preexec_fn")
@@ -869,7 +882,15 @@ def test_subprocess_from_loop_in_other_thread(raw_loop_factory):
 # ---------------------------------------------------------------- watchers
 
 
-@pytest.mark.parametrize("kind", ["threaded", "pidfd", "safe"])
+@pytest.mark.parametrize("kind", [
+    # (asyncio.ThreadedChildWatcher: a daemon thread per child)
+    pytest.param("threaded", marks=pytest.mark.main_interpreter(
+        "ThreadedChildWatcher watches each child from a daemon thread, which an isolated "
+        "subinterpreter refuses (RuntimeError: daemon threads are disabled)")),
+    "pidfd",
+    pytest.param("safe", marks=pytest.mark.main_interpreter(
+        "SafeChildWatcher installs a SIGCHLD handler: signal handlers work in the main "
+        "thread of the main interpreter only"))])
 def test_explicit_child_watcher(loop, loop_name, kind):
     """A child watcher set by the application works.  The stock loop always
     uses it; tideloop uses a watcher that reaps every child (Safe, Fast,
@@ -960,6 +981,7 @@ def no_pidfd(monkeypatch):
     monkeypatch.setattr(os, "pidfd_open", unavailable)
 
 
+@NO_PIDFD_ONLY_IN_MAIN
 def test_tideloop_pidfd_unavailable_fallback(no_pidfd, loop, loop_name, fds_checked):
     """TIDELOOP-ONLY: tideloop's own fallback when os.pidfd_open() fails (old
     kernel, seccomp): a thread waits for each child.  Everything works the
@@ -1000,6 +1022,7 @@ def test_tideloop_pidfd_unavailable_fallback(no_pidfd, loop, loop_name, fds_chec
     assert sum("waitpid-" in name for name in started) == 23, started
 
 
+@NO_PIDFD_ONLY_IN_MAIN
 def test_tideloop_pidfd_fallback_loop_closed_with_child(new_loop, no_pidfd):
     """TIDELOOP-ONLY path (runs on both): no pidfd, the loop closes while the
     child runs; the waiter thread still reaps it."""
