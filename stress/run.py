@@ -118,7 +118,7 @@ def run_child(scenario, loop_name, mode, scale, sabotage):
                 apply_sabotage("g", None)
             scenario_g(loop_name, res, sz, sabotage)
         elif scenario == "j":
-            scenario_j(loop_name, res, sz)
+            scenario_j(loop_name, res, sz, sabotage)
         else:
             loop = make_loop(loop_name)
             if sabotage:
@@ -208,7 +208,7 @@ def print_table(results, file=sys.stdout):
                      fmt_bytes(r["bytes_verified"]), str(r["faults"]),
                      str(len(r["errors"])), f"{r['wall']:.2f}",
                      f"{r['rss_kb'] / 1024:.0f}"))
-    widths = [max(len(h), *(len(row[i]) for row in rows if len(row) == len(hdr)))
+    widths = [max([len(h)] + [len(row[i]) for row in rows if len(row) == len(hdr)])
               for i, h in enumerate(hdr)]
     line = "  ".join(h.ljust(w) for h, w in zip(hdr, widths))
     print(line, file=file)

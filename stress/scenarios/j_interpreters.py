@@ -55,6 +55,16 @@ def make_loop():
         return uvloop.new_event_loop()
     import tideloop
     return tideloop.new_event_loop()
+if {sabotage!r}:
+    # --sabotage: flip a bit in every 50th write of the stock loop's sockets.
+    from asyncio import selector_events as se
+    _write, _count = se._SelectorSocketTransport.write, [0]
+    def _flipping_write(self, data):
+        _count[0] += 1
+        if _count[0] % 50 == 0 and data:
+            data = bytes(data[:-1]) + bytes([data[-1] ^ 1])
+        return _write(self, data)
+    se._SelectorSocketTransport.write = _flipping_write
 def report(path, **kw):
     with open(path + ".tmp", "w") as f:
         json.dump(kw, f)
@@ -169,7 +179,7 @@ def _wait_file(path, timeout, failures):
         return json.load(f)
 
 
-def scenario_j(loop_name, res, sz):
+def scenario_j(loop_name, res, sz, sabotage=False):
     if sys.version_info < (3, 13):
         res["skipped"] = ("isolated interpreters where asyncio runs: 3.13+ (3.12's abort "
                           "at exit once asyncio is imported in one)")
@@ -184,7 +194,7 @@ def scenario_j(loop_name, res, sz):
     api = _api()
     work = tempfile.mkdtemp(prefix="tideloop-stress-j-")
     path = [SRC] + sys.path
-    pre = lambda: _PRE.format(path=path, loop=loop_name)      # noqa: E731
+    pre = lambda: _PRE.format(path=path, loop=loop_name, sabotage=sabotage)      # noqa: E731
     fds_before = open_fds()
     failures = []
     servers = []

@@ -60,4 +60,5 @@ def apply_sabotage(scenario, loop):
                     return None
             return orig(self, callback, *args, **kw)
         base_events.BaseEventLoop.call_soon_threadsafe = call_soon_threadsafe
-    # e is sabotaged inside scenario_e (it replaces call_soon_threadsafe)
+    # e is sabotaged inside scenario_e (it replaces call_soon_threadsafe), j inside
+    # each interpreter it makes (scenario_j)

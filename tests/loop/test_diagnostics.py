@@ -720,7 +720,7 @@ def test_a_stall_without_its_stack_says_where_the_step_ended(tl, caplog):
     line = stuck.__code__.co_firstlineno + 3
     task_types = tuple({asyncio.Task, getattr(asyncio.tasks, "_PyTask", asyncio.Task)})
     # A capture that fails (as one may: a thread gone, no frames).
-    _core._diag_setup(lambda tid: None, diagnostics._report, diagnostics._slow,
+    _core._diag_setup(lambda tid, loop: None, diagnostics._report, diagnostics._slow,
                       diagnostics._ASYNCIO_DIR, task_types)
     try:
         diagnostics.watch_stalls(0.05, tl)
