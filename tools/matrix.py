@@ -26,6 +26,12 @@ Legs (the interpreters CI tests; README "Supported versions"):
            GIL off: tideloop._core declares Py_mod_gil = Py_MOD_GIL_NOT_USED,
            and the import step fails if the GIL is on after `import tideloop`
 
+In isolated subinterpreters (``--subinterpreter-legs``, 3.12+): the loop/net
+behavioural subset run inside one on both loops
+(``tests/interpreters/run_suite.py``: 0 regressions, no crash), and on
+``--subinterpreter-conformance-legs`` CPython's asyncio tests inside one
+(``tests/conformance/run.py --subinterpreter``).
+
 Each leg's suite runs in ``--test-workers`` pytest-xdist workers (default 2).
 ``--dev-mode LEG`` runs that leg's suite under ``-X dev`` with
 ``PYTHONMALLOC=debug`` (children inherit the debug allocator).  Legs run
@@ -197,22 +203,51 @@ def leg_steps(leg, args, py, env, venv, logf):
                         cmd, env=test_env)
         res["pytest"] = pytest_counts(logf)
         ok = ok_tests
-        if not args.no_conformance and leg in args.conformance_legs:
-            cj = os.path.join(logdir, f"conformance-{leg}.json")
-            ok_conf = step("conformance", [vpy, "tests/conformance/run.py", "--loop", "both",
-                                           "--strict", "--known",
-                                           "tests/conformance/known_failures.txt",
-                                           "--jobs", str(args.conformance_jobs),
-                                           "--json", cj])
+        def conformance(title, name, *extra):
+            """One conformance run: (its verdict, its summary or None)."""
+            cj = os.path.join(logdir, f"{name}-{leg}.json")
+            passed = step(title, [vpy, "tests/conformance/run.py", *extra, "--loop", "both",
+                                  "--strict", "--known", "tests/conformance/known_failures.txt",
+                                  "--jobs", str(args.conformance_jobs), "--json", cj])
             try:
                 with open(cj) as f:
-                    res["conformance"] = summarize_conformance(json.load(f))
+                    return passed, summarize_conformance(json.load(f))
             except (OSError, ValueError):
-                res["conformance"] = None
-                ok_conf = False
+                return False, None
+
+        if not args.no_conformance and leg in args.conformance_legs:
+            ok_conf, res["conformance"] = conformance("conformance", "conformance")
             ok = ok and ok_conf
+        if leg in args.subinterpreter_legs:
+            sj = os.path.join(logdir, f"subinterpreter-suite-{leg}.json")
+            ok_si = step("suite in a subinterpreter",
+                         [vpy, "tests/interpreters/run_suite.py", "--known",
+                          "tests/interpreters/known_failures.txt", "--json", sj])
+            res["subinterpreter_suite"] = summarize_subinterpreter_suite(sj)
+            ok = ok and ok_si and res["subinterpreter_suite"] is not None
+        if not args.no_conformance and leg in args.subinterpreter_conformance_legs:
+            ok_sc, res["subinterpreter_conformance"] = conformance(
+                "conformance in a subinterpreter", "conformance-subinterpreter",
+                "--subinterpreter")
+            ok = ok and ok_sc
     res["ok"] = ok
     return res
+
+
+def summarize_subinterpreter_suite(path):
+    """Passed per param and the regressions, from run_suite.py's --json."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    counts = data.get("counts", {})
+    return {"asyncio_passed": counts.get("asyncio", {}).get("passed", 0),
+            "tideloop_passed": counts.get("tideloop", {}).get("passed", 0),
+            "regressions": len(data.get("regressions", [])) +
+                           len(data.get("unpaired_failures", [])),
+            "incidents": len(data.get("incidents", [])),
+            "files": len(data.get("files", []))}
 
 
 def summarize_conformance(data):
@@ -253,12 +288,30 @@ def recorded_leg(leg, pytest_log, conformance_json, seconds):
     return res
 
 
+def _subinterpreter_cell(r):
+    """The isolated-interpreter column: the suite's and the conformance's
+    passed on asyncio/tideloop, with their regressions; - where not run."""
+    parts = []
+    si = r.get("subinterpreter_suite")
+    if si:
+        parts.append("suite {}/{}, {} regr.".format(si["asyncio_passed"], si["tideloop_passed"],
+                                                    si["regressions"] + si["incidents"]))
+    sc = r.get("subinterpreter_conformance")
+    if sc:
+        tot = sc.get("totals") or {}
+        parts.append("conformance {}/{}, {} regr.".format(
+            tot.get("stock", {}).get("passed", "-"), tot.get("tideloop", {}).get("passed", "-"),
+            sc.get("regressions", "-")))
+    return "; ".join(parts) or "-"
+
+
 def markdown_report(results):
     """The README's "Supported versions" table, from a --json file."""
     lines = ["| leg | interpreter | build, import -W error | behavioural suite "
              "(passed / failed / skipped / xfailed) | conformance: stock passed | "
-             "tideloop passed | regressions | result |",
-             "|:---|:---|:---|:---|---:|---:|---:|:---|"]
+             "tideloop passed | regressions | in an isolated interpreter "
+             "(passed asyncio/tideloop) | result |",
+             "|:---|:---|:---|:---|---:|---:|---:|:---|:---|"]
     for r in results:
         pc = r.get("pytest", {})
         c = r.get("conformance") or {}
@@ -270,10 +323,11 @@ def markdown_report(results):
             pc.get("passed", 0), pc.get("failed", 0) + pc.get("error", 0) + pc.get("errors", 0),
             pc.get("skipped", 0), pc.get("xfailed", 0))
         dev = " (-X dev, debug allocator)" if any("-X dev" in k for k in steps) else ""
-        lines.append("| {} | {} | {} | {}{} | {} | {} | {} | {} |".format(
+        lines.append("| {} | {} | {} | {}{} | {} | {} | {} | {} | {} |".format(
             r["leg"], r.get("python", "?"), "ok" if built else "FAILED", suite, dev,
             tot.get("stock", {}).get("passed", "-"), tot.get("tideloop", {}).get("passed", "-"),
-            c.get("regressions", "-"), "ok" if r.get("ok") else "FAILED"))
+            c.get("regressions", "-"), _subinterpreter_cell(r),
+            "ok" if r.get("ok") else "FAILED"))
     return "\n".join(lines)
 
 
@@ -291,6 +345,12 @@ def main(argv=None):
                          "(default: every leg)")
     ap.add_argument("--conformance-jobs", type=int, default=1, metavar="N",
                     help="tests/conformance/run.py --jobs (default %(default)s)")
+    ap.add_argument("--subinterpreter-legs", default="", metavar="LEGS",
+                    help="comma-separated legs (3.12+) that also run the behavioural subset "
+                         "inside an isolated subinterpreter (default: none)")
+    ap.add_argument("--subinterpreter-conformance-legs", default="", metavar="LEGS",
+                    help="comma-separated legs (3.12+) that also run the conformance tests "
+                         "inside an isolated subinterpreter (default: none)")
     ap.add_argument("--test-workers", type=int, default=2, metavar="N",
                     help="pytest-xdist workers for each leg's suite (1: no xdist; "
                          "default %(default)s: the suite mostly waits on timers and children)")
@@ -333,6 +393,13 @@ def main(argv=None):
     for leg in args.conformance_legs:
         if leg not in legs:
             ap.error(f"--conformance-legs: {leg!r} is not among the legs run ({', '.join(legs)})")
+    for opt in ("subinterpreter_legs", "subinterpreter_conformance_legs"):
+        chosen = [x.strip() for x in getattr(args, opt).split(",") if x.strip()]
+        for leg in chosen:
+            if leg not in legs or leg == "3.11":
+                ap.error(f"--{opt.replace('_', '-')}: {leg!r} is not among the legs run "
+                         f"with subinterpreters ({', '.join(legs)})")
+        setattr(args, opt, chosen)
     args.logdir = args.logdir or tempfile.mkdtemp(prefix="tideloop-matrix-")
     os.makedirs(args.logdir, exist_ok=True)
     os.makedirs(CACHE, exist_ok=True)
@@ -343,7 +410,8 @@ def main(argv=None):
     # finish does not run alone; results stay in --only's order.
     def weight(leg):
         return (not args.no_conformance and leg in args.conformance_legs,
-                leg.endswith("t"), leg == args.dev_mode)
+                leg.endswith("t"), leg in args.subinterpreter_conformance_legs,
+                leg == args.dev_mode)
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as ex:
         futures = {leg: ex.submit(run_leg, leg, args)
                    for leg in sorted(legs, key=weight, reverse=True)}

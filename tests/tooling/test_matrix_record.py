@@ -43,3 +43,31 @@ def test_a_failed_test_or_a_regression_fails_the_row(tmp_path):
     assert rc == 1 and not rec["ok"]
     rc, rec = record(tmp_path, "2276 passed in 584.61s (0:09:44)", conformance(["test_x"]))
     assert rc == 1 and not rec["ok"]
+
+
+def test_the_isolated_interpreter_column(tmp_path):
+    # run_suite.py's report and the subinterpreter conformance's, summarised
+    # into the version table's column; "-" on a leg that ran neither.
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    try:
+        import matrix
+    finally:
+        sys.path.pop(0)
+    report = tmp_path / "si.json"
+    report.write_text(json.dumps({
+        "counts": {"asyncio": {"passed": 692}, "tideloop": {"passed": 849}},
+        "regressions": [{"test": "t"}], "unpaired_failures": [], "incidents": [],
+        "files": ["a.py", "b.py"]}))
+    si = matrix.summarize_subinterpreter_suite(str(report))
+    assert si == {"asyncio_passed": 692, "tideloop_passed": 849, "regressions": 1,
+                  "incidents": 0, "files": 2}
+    assert matrix.summarize_subinterpreter_suite(str(tmp_path / "missing.json")) is None
+    row = {"leg": "3.14", "python": "3.14.10", "ok": True, "steps": {}, "recorded": True,
+           "subinterpreter_suite": si,
+           "subinterpreter_conformance": matrix.summarize_conformance(conformance([]))}
+    table = matrix.markdown_report([row, dict(row, subinterpreter_suite=None,
+                                              subinterpreter_conformance=None)])
+    lines = table.splitlines()
+    assert "in an isolated interpreter" in lines[0]
+    assert "| suite 692/849, 1 regr.; conformance 10/10, 0 regr. |" in lines[2]
+    assert lines[3].count("| - |") >= 1
