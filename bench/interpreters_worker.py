@@ -38,7 +38,8 @@ inproc: each loop runs a client and the app's server over a Unix socket pair
         its own CPU time (time.thread_time()) and the clock.  Prints one JSON
         line: per loop its round trips, CPU seconds, start and end; the wall
         time from the release to the last loop's end; the CPU the rest of the
-        machine used meanwhile (/proc/stat less this process's own CPU).
+        machine used meanwhile (/proc/stat less this process's own CPU) and
+        the hypervisor's steal.
 
 Failures exit with status 1 and "interpreters_worker: ERROR: ..." on stderr.
 This module is imported again in every isolated interpreter: standard
@@ -275,24 +276,30 @@ async def inproc_main(trips, warmup_trips, size, work, ready_fd, go_fd, done_fd)
 
 
 def machine_busy():
-    """Busy seconds of the whole machine (/proc/stat: user, nice, system,
-    irq, softirq over all CPUs)."""
+    """(busy, steal) seconds of the whole machine from /proc/stat: busy is
+    user, nice, system, irq and softirq over all CPUs, steal the hypervisor's."""
     with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:8]]
-    user, nice, system, _idle, _iowait, irq, softirq = fields
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+        fields = [int(x) for x in f.readline().split()[1:9]]
+    fields += [0] * (8 - len(fields))
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / tick, steal / tick
 
 
 def own_cpu(pids=()):
-    """This process's CPU seconds (all its threads, every interpreter) and
-    those of ``pids`` (its worker processes, from /proc/<pid>/stat)."""
+    """(CPU seconds, system CPU seconds, minor page faults) of this process
+    (all its threads, every interpreter) and of ``pids`` (its worker
+    processes, from /proc/<pid>/stat)."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    total = ru.ru_utime + ru.ru_stime
+    cpu, sys_cpu, faults = ru.ru_utime + ru.ru_stime, ru.ru_stime, ru.ru_minflt
+    tick = os.sysconf("SC_CLK_TCK")
     for pid in pids:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+        cpu += (int(fields[11]) + int(fields[12])) / tick
+        sys_cpu += int(fields[12]) / tick
+        faults += int(fields[7])
+    return cpu, sys_cpu, faults
 
 
 def coordinate(n, ready_r, go_w, done_r, window, pids=()):
@@ -300,13 +307,16 @@ def coordinate(n, ready_r, go_w, done_r, window, pids=()):
     together, wait until every one has done its share; ``window`` gets the
     release time, the wall time and the CPU the rest of the machine used."""
     read_bytes(ready_r, n, START_TIMEOUT)
-    busy0, own0, t0 = machine_busy(), own_cpu(pids), time.perf_counter()
+    (busy0, steal0), own0, t0 = machine_busy(), own_cpu(pids), time.perf_counter()
     os.write(go_w, b"g" * n)
     read_bytes(done_r, n, 600)
     t1 = time.perf_counter()
-    busy1, own1 = machine_busy(), own_cpu(pids)
-    window.update(go=t0, wall_s=t1 - t0, process_cpu_s=own1 - own0,
-                  other_cpu=max(0.0, (busy1 - busy0) - (own1 - own0)) / (t1 - t0))
+    (busy1, steal1), own1 = machine_busy(), own_cpu(pids)
+    cpu = own1[0] - own0[0]
+    window.update(go=t0, wall_s=t1 - t0, process_cpu_s=cpu, process_sys_s=own1[1] - own0[1],
+                  minor_faults=own1[2] - own0[2],
+                  other_cpu=max(0.0, (busy1 - busy0) - cpu) / (t1 - t0),
+                  steal_cpu=(steal1 - steal0) / (t1 - t0))
 
 
 def inproc_processes(args, fds, window):
@@ -395,7 +405,12 @@ def inproc(args):
                               - min(r["start"] for r in per_loop), 6),
         "rps": trips / window["wall_s"],
         "process_cpu_s": round(window["process_cpu_s"], 6),
+        # where the CPU went: the kernel's share, and page faults per round
+        # trip (a recv buffer that glibc maps and unmaps each time shows here)
+        "process_sys_s": round(window["process_sys_s"], 6),
+        "faults_per_req": round(window["minor_faults"] / trips, 3),
         "other_cpu": round(window["other_cpu"], 3),
+        "steal_cpu": round(window["steal_cpu"], 3),
     }), flush=True)
 
 
