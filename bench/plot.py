@@ -13,12 +13,17 @@ The document, as harness.json_head and the drivers write it; the keys read:
 
     format        "tideloop-<name>/<version>": microbench (python -m tideloop
                   bench), netbench (bench/net.py), iobench (bench/io.py),
-                  threadbench (bench/threads.py); the
+                  threadbench (bench/threads.py), interpbench
+                  (bench/interpreters.py); the
                   <name> picks the title and the figure plotted.  Any other
                   <name> is read by the same rules if its rows have the shape
                   below (a new driver needs no change here).
     figure        (optional) the per-loop key of the rows to plot; without it,
                   the first of FIGURE_KEYS that every row has.
+    series        (optional) the names of the bars, the reference first, when
+                  they are not the loops (bench/interpreters.py: ways of
+                  running a loop, "aio-interp", "tl-interp", ...); the rows'
+                  figures are then {name: number or null}.
     started, environment.python, environment.cpus, repeat, quick
                   (optional) the subtitle: when, where and how it was measured.
     results       a list of rows, each a dict with
@@ -77,9 +82,13 @@ KNOWN = {
     # its rows keep net.py's key, but count requests, queries, commands, messages
     "appbench": ("Real apps (bench/apps.py)", "cpu_us_per_req"),
     "threadbench": ("Loops in threads (bench/threads.py)", "cpu_us_per_req"),
+    "interpbench": ("Isolated interpreters (bench/interpreters.py)", "cpu_us_per_req"),
 }
 
 COLOURS = {"asyncio": "#9e9e9e", "uvloop": "#e08a2c", "tideloop": "#1f6fb4"}
+# The bars of a document's own series (its "series" key), in order: the
+# reference's colour first.
+SERIES_COLOURS = ("#9e9e9e", "#1f6fb4", "#e08a2c", "#4a9a4a", "#8e5bb5", "#c44e52")
 
 
 class PlotError(Exception):
@@ -204,11 +213,12 @@ def read_chart(doc, title=None):
         raise PlotError(f"format {doc['format']!r}: 'results' must be a non-empty list "
                         f"of rows (objects)")
     key = _figure_key(doc, name, rows)
-    measured = [loop for loop in harness.ALL_LOOPS
+    names = _series_names(doc)
+    measured = [loop for loop in names
                 if any(_positive(r[key].get(loop)) for r in rows)]
     if len(measured) < 2:
         raise PlotError(f"format {doc['format']!r}: figure {key!r} has fewer than two "
-                        f"loops of {', '.join(harness.ALL_LOOPS)} to compare "
+                        f"loops of {', '.join(names)} to compare "
                         f"({', '.join(measured) or 'none'})")
     reference, series = measured[0], measured[1:]
     rate = key in RATE_KEYS
@@ -229,6 +239,26 @@ def read_chart(doc, title=None):
     default_title = KNOWN[name][0] if name in KNOWN else f"tideloop {name}"
     return Chart(title or default_title, _subtitle(doc), axis, reference, series,
                  chart_rows)
+
+
+def _series_names(doc):
+    """The bars' names: the document's "series", else the loops."""
+    series = doc.get("series")
+    if series is None:
+        return list(harness.ALL_LOOPS)
+    if not isinstance(series, list) or not all(isinstance(x, str) for x in series):
+        raise PlotError(f"format {doc['format']!r}: 'series' must be a list of names")
+    return series
+
+
+def colour(name, doc=None):
+    """A bar's colour: the loop's, else its place in the document's series."""
+    if name in COLOURS:
+        return COLOURS[name]
+    series = (doc or {}).get("series") or []
+    if name in series:
+        return SERIES_COLOURS[series.index(name) % len(SERIES_COLOURS)]
+    return None
 
 
 def load(path):
@@ -275,13 +305,13 @@ def draw(doc, path, title=None):
                     ax.text(0.02, y, "n/a", va="center", fontsize=7, color="#555555",
                             transform=ax.get_yaxis_transform())
                     continue
-                (bar,) = ax.barh(y, x, height=slot * 0.92, color=COLOURS.get(loop),
+                (bar,) = ax.barh(y, x, height=slot * 0.92, color=colour(loop, doc),
                                  label=None if loop in labelled else loop)
                 labelled.add(loop)
                 bar.set_gid(f"bar-{loop}-{i}")
                 ax.text(x, y, f" {x:.2f}x", va="center", fontsize=7)
                 top = max(top, x)
-        ax.axvline(1.0, color=COLOURS.get(chart.reference, "#000000"), linewidth=1.2,
+        ax.axvline(1.0, color=colour(chart.reference, doc) or "#000000", linewidth=1.2,
                    linestyle="--", label=f"{chart.reference} = 1")
         ax.set_yticks(range(n), [label for label, _ in chart.rows], fontsize=8)
         ax.set_ylim(n - 0.5, -0.5)          # the document's first row on top

@@ -329,6 +329,81 @@ def interpreter_imports_table():
                  + f"; `{command(doc)}` (`results/interpreter-imports.json`).")
     return "\n\n".join(parts + notes) + "\n"
 
+
+# --- isolated interpreters benchmark ------------------------------------------
+
+INTERP_FILES = ("interpreters-3.14.json", "interpreters-3.15.json")
+INTERP_WAYS = {   # bench/interpreters.py's ways, as the docs name them
+    "tl-interp": "tideloop, isolated interpreters",
+    "tl-threads": "tideloop, threads (one GIL)",
+    "tl-procs": "tideloop, worker processes",
+    "aio-interp": "asyncio's loop, isolated interpreters",
+}
+
+
+def interpreters_table():
+    """bench/interpreters.py's results: a row per interpreter and way; the
+    targets and their verdicts under it, per interpreter."""
+    def by_n(doc, kind):
+        return {r["loops_n"]: r for r in doc["results"] if r["kind"] == kind}
+
+    def us(rows, way):
+        one, two = rows.get(1), rows.get(2)
+        cells = []
+        for r in (one, two):
+            x = r["cpu_us_per_req"].get(way) if r else None
+            if x is None:
+                cells.append("error" if r and way in r["errors"] else "-")
+                continue
+            b = one["cpu_us_per_req"].get(way) if r is two and one else None
+            cells.append(f"{x:.1f}" + (f" ({x / b:.2f}x)" if b else ""))
+        return cells
+
+    def mib(kib):
+        return "-" if kib is None else f"{kib / 1024:.1f}"
+
+    lines = ["| Python | way | echo, req/s: N=1 | N=2 | echo, µs/request: N=1 | N=2 "
+             "| in-process, µs/round trip: N=1 | N=2 | fixed work, wall time N=2 / N=1 "
+             "| memory, MiB: N=1 | one more |",
+             "|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    notes = []
+    for name in INTERP_FILES:
+        doc = _load(name)
+        py = doc["environment"]["python"]
+        echo, inproc = by_n(doc, "echo"), by_n(doc, "inproc")
+        mem = doc.get("memory") or {}
+        for way in doc["variants"]:
+            rps = [rate(echo[n]["rps"].get(way)) if n in echo else "-" for n in (1, 2)]
+            wall = [inproc[n]["wall_s"].get(way) if n in inproc else None for n in (1, 2)]
+            extra = (mem.get("extra_kib") or {}).get(way) or {}
+            one_more = extra.get("pss_kib" if way == "tl-procs" else "rss_kib")
+            lines.append(f"| {py} | {INTERP_WAYS.get(way, way)} | " + " | ".join(
+                rps + us(echo, way) + us(inproc, way)
+                + [ratio(wall[1] / wall[0]) if all(wall) else "-",
+                   mib(((mem.get("n1") or {}).get(way) or {}).get("rss_kib")),
+                   mib(one_more) + (" (PSS)" if way == "tl-procs" and one_more else "")])
+                + " |")
+        verdicts = []
+        for t in doc["targets"]:
+            if t["target"] is None or "tl-interp" not in t["ratio"]:
+                continue
+            what = t["what"].replace("in-process: ", "in-process ")
+            verdicts.append(f"{what}: {t['ratio']['tl-interp']:.2f}x "
+                            f"(<={t['target']:.2f}x, {t['verdict']})")
+        if mem.get("extra_kib", {}).get("tl-interp") and mem["extra_kib"].get("tl-procs"):
+            e, pr = mem["extra_kib"]["tl-interp"], mem["extra_kib"]["tl-procs"]
+            verdicts.append(f"an extra interpreter {mib(e['rss_kib'])} MiB RSS, an extra "
+                            f"process {mib(pr['pss_kib'])} MiB PSS ({mib(pr['rss_kib'])} RSS, "
+                            f"{mib(pr['uss_kib'])} USS)")
+        load = doc["environment"].get("background_load") or {}
+        notes.append(f"{py}, tideloop in interpreters against the targets: "
+                     + "; ".join(verdicts)
+                     + (f". The rest of the machine kept a median {load['median_cpu']:.0%} "
+                        f"of a CPU busy during the runs" if load else "")
+                     + f". `{command(doc)}` (`results/{name}`).")
+    return "\n".join(lines) + "\n\n" + "\n\n".join(notes) + "\n"
+
+
 # --- shared formatting -------------------------------------------------------
 
 LOOPS = ("asyncio", "uvloop", "tideloop")
@@ -618,6 +693,17 @@ THREADS_TARGETS = {   # threads.json's target: (what is compared, the rows it ap
 }
 
 
+INTERP_TARGETS = {   # interpreters-*.json's target_limits: (what is compared, the rows)
+    "memory_interp_vs_process": ("memory of one more interpreter (RSS) over one more "
+                                 "worker process (PSS)", "`tl-interp`, echo"),
+    "inproc_cpu_2_vs_1": ("CPU per round trip, 2 interpreters over 1", "`tl-interp`, inproc"),
+    "inproc_wall_split_2_vs_1": ("wall time of a fixed total of round trips, split over 2 "
+                                 "interpreters over done by 1", "`tl-interp`, inproc"),
+    "inproc_sub_vs_main": ("CPU per round trip, 1 subinterpreter over the main interpreter",
+                           "`tl-interp`, inproc"),
+}
+
+
 def _limits(limits, sign="<="):
     return ", ".join(f"{sign}{v:.2f}x {REF.get(k, k)}" for k, v in limits.items())
 
@@ -659,6 +745,9 @@ def targets_table():
     for key, limit in _load(THREADS_FILES[0])["targets"].items():
         what, where = THREADS_TARGETS.get(key, (key, "-"))
         rows.append(["`bench.threads`", where, what, f"<={limit:.2f}x"])
+    for key, limit in _load(INTERP_FILES[0])["target_limits"].items():
+        what, where = INTERP_TARGETS.get(key, (key, "-"))
+        rows.append(["`bench.interpreters`", where, what, f"<={limit:.2f}x"])
     return table(["benchmark", "rows", "tideloop's figure", "target"], rows, left=4)
 
 
@@ -674,6 +763,7 @@ def core_map():
 
 GENERATORS = {
     "matrix": matrix_table, "worker_spread": worker_spread_table, "threads": threads_table,
+    "interpreters": interpreters_table,
     "micro": micro_table, "io": io_table, "apps": apps_table,
     "net": lambda: _net("net.json"),                                # python -m bench.net
     "net_tls": lambda: _net("net-tls.json"),                        # python -m bench.net --tls
