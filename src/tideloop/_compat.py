@@ -15,6 +15,7 @@ This module must import with the standard library only.
 import asyncio
 import functools
 import importlib
+import importlib.util
 import inspect
 import reprlib
 import sys
@@ -29,6 +30,19 @@ PY = sys.version_info[:2]
 
 #: name -> (versions it applies to, branch taken here, what it is)
 ENTRIES = {}
+
+
+def _names(func):
+    """The global and attribute names a function's code (and the code of the
+    functions it defines) uses: how probes recognise what a stock function
+    does.  Reading its source instead would tokenize the whole file, memory
+    that each isolated interpreter importing tideloop would keep."""
+    code = func.__code__
+    found = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            found.update(const.co_names)
+    return found
 
 
 def _lookup(dotted):
@@ -310,8 +324,8 @@ _record("dgram_empty", "3.11-3.12: dropped; 3.13+: sent",
 # may take it.
 def _timer_end_ulp():
     try:
-        return "ulp(" in inspect.getsource(_base_events.BaseEventLoop._run_once)
-    except (OSError, TypeError):
+        return "ulp" in _names(_base_events.BaseEventLoop._run_once)
+    except AttributeError:
         return PY >= (3, 15)
 
 
@@ -395,8 +409,8 @@ _record("loop_watchers", "3.14+: loop._watcher", "stock" if LOOP_WATCHERS else "
 # with call_soon_threadsafe (3.11: by two iterations).
 _watcher_callback = _lookup("asyncio.unix_events._UnixSelectorEventLoop._child_watcher_callback")
 try:
-    EXIT_PUBLISHED_AT_ONCE = "call_soon" not in inspect.getsource(_watcher_callback)
-except (OSError, TypeError):
+    EXIT_PUBLISHED_AT_ONCE = not any(n.startswith("call_soon") for n in _names(_watcher_callback))
+except AttributeError:
     EXIT_PUBLISHED_AT_ONCE = False
 _record("child_exit_published", "3.11-3.13: next iteration; 3.14: at once",
         "at-once" if EXIT_PUBLISHED_AT_ONCE else "next-iteration",
@@ -482,41 +496,60 @@ class _Subinterpreters:
     """Create, run code in and destroy isolated interpreters (own GIL): the
     public ``concurrent.interpreters`` from 3.14, the private module before
     (3.13 ``_interpreters``, 3.12 ``_xxsubinterpreters``).  ``run(i, code)``
-    returns None, or the failure's traceback text when the code raised."""
+    returns None, or the failure's traceback text when the code raised.  The
+    module is imported at first use: concurrent.interpreters brings pickle
+    and queue, memory that each interpreter importing tideloop would pay."""
 
-    def __init__(self, branch, create, run, destroy):
+    def __init__(self, branch):
         self.branch = branch
-        self.create, self.run, self.destroy = create, run, destroy
+
+    def _module(self):
+        return importlib.import_module(self.branch)
+
+    def create(self):
+        mod = self._module()
+        if self.branch == "concurrent.interpreters":
+            return mod.create()
+        if self.branch == "_interpreters":
+            return mod.create("isolated")
+        return mod.create(isolated=True)
+
+    def run(self, interp, code):
+        mod = self._module()
+        if self.branch == "concurrent.interpreters":
+            try:
+                interp.exec(code)
+            except mod.ExecutionFailed as exc:
+                return exc.excinfo.errdisplay or exc.excinfo.formatted
+            return None
+        if self.branch == "_interpreters":     # 3.13: exec() returns the failure
+            info = mod.exec(interp, code)
+            return None if info is None else (info.errdisplay or info.formatted)
+        try:
+            mod.run_string(interp, code)
+        except mod.RunFailedError as exc:
+            return str(exc)
+        return None
+
+    def destroy(self, interp):
+        if self.branch == "concurrent.interpreters":
+            interp.close()
+        else:
+            self._module().destroy(interp)
 
 
 def _subinterpreters():
-    public = _lookup("concurrent.interpreters")
-    if public is not None and PY >= (3, 14):
-        def run(interp, code):
-            try:
-                interp.exec(code)
-            except public.ExecutionFailed as exc:
-                return exc.excinfo.errdisplay or exc.excinfo.formatted
-            return None
-        return _Subinterpreters("concurrent.interpreters", public.create, run,
-                                lambda interp: interp.close())
-    private = _lookup("_interpreters")
-    if private is not None:         # 3.13: exec() returns the failure, or None
-        def run(interp, code):
-            info = private.exec(interp, code)
-            return None if info is None else (info.errdisplay or info.formatted)
-        return _Subinterpreters("_interpreters", lambda: private.create("isolated"), run,
-                                private.destroy)
-    legacy = _lookup("_xxsubinterpreters")
-    if legacy is not None and PY >= (3, 12):    # 3.11's share the main GIL
-        def run(interp, code):
-            try:
-                legacy.run_string(interp, code)
-            except legacy.RunFailedError as exc:
-                return str(exc)
-            return None
-        return _Subinterpreters("_xxsubinterpreters",
-                                lambda: legacy.create(isolated=True), run, legacy.destroy)
+    def there(name):
+        try:
+            return importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            return False
+    if PY >= (3, 14) and there("concurrent.interpreters"):
+        return _Subinterpreters("concurrent.interpreters")
+    if there("_interpreters"):
+        return _Subinterpreters("_interpreters")
+    if PY >= (3, 12) and there("_xxsubinterpreters"):    # 3.11's share the main GIL
+        return _Subinterpreters("_xxsubinterpreters")
     return None
 
 
@@ -563,7 +596,7 @@ def borrow(name, cls=_base_events.BaseEventLoop):
 # name/context (3.14's eager_start, say) take the stock method.
 create_task_stock = borrow("create_task")
 
-# What the stock create_task does with a task factory, read off its source;
+# What the stock create_task does with a task factory, read off the names its code uses;
 # the C fast path does the same (0: unknown, always call the stock method).
 # Values as TL_CREATE_TASK_* in _core/internal.h.
 _CREATE_TASK_STYLES = {0: "stock", 1: "set_task_name-helper", 2: "set_name", 3: "kwargs"}
@@ -572,16 +605,15 @@ set_task_name = _lookup("asyncio.tasks._set_task_name")
 
 def _create_task_style():
     try:
-        src = inspect.getsource(create_task_stock)
-    except (OSError, TypeError):
+        names = _names(create_task_stock)
+    except AttributeError:
         return 0
     params = list(inspect.signature(create_task_stock).parameters)
-    if "tasks._set_task_name(task, name)" in src and set_task_name is not None:
+    if "_set_task_name" in names and set_task_name is not None:
         return 1
-    if "task.set_name(name)" in src and "name" in params:
+    if "set_name" in names and "name" in params:
         return 2
-    if params == ["self", "coro", "kwargs"] and \
-            "return self._task_factory(self, coro, **kwargs)" in src:
+    if params == ["self", "coro", "kwargs"] and "_task_factory" in names:
         return 3
     return 0
 

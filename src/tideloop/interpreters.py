@@ -43,7 +43,6 @@ the traceback text of the interpreter it came from as its ``__cause__``, else
 import os
 import pickle
 import sys
-import tempfile
 import threading
 
 from . import _compat
@@ -258,6 +257,8 @@ def run(main, *args, interpreters=None, loop_factory="tideloop:new_event_loop",
                        path=list(sys.path), argv=list(sys.argv), main_path=_main_path())
     wake_r, wake_w = _wake_pipe()
     workers = []
+    import tempfile     # here: interpreters that import this module for
+    # reuse_port_socket() need not load it (shutil, bz2, lzma: memory each)
     with tempfile.TemporaryDirectory(prefix="tideloop-interpreters-") as workdir:
         try:
             for i in range(interpreters):
