@@ -36,6 +36,12 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # by other interpreters: a probe crashed 3.12 and 3.13), so there only the
 # loop's own thread state is read (loop._thread_frame(), GIL builds).
 CURRENT_FRAMES_SAFE = bool(_core.main_interpreter) or sys.version_info >= (3, 14)
+# Whether a stall's stack can be taken at all: on a free-threaded build
+# another thread's frame may be read only with the world stopped, which only
+# sys._current_frames() does from outside CPython; where that is not safe
+# either (a subinterpreter of 3.13t) stall reports carry no stack, only
+# where the step ended.
+STALL_STACKS = CURRENT_FRAMES_SAFE or not _core.free_threaded
 
 
 def thread_frame(loop, thread_id=None):

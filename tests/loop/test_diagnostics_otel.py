@@ -35,7 +35,8 @@ from opentelemetry.trace import StatusCode  # noqa: E402
 import tideloop  # noqa: E402
 from tideloop import diagnostics  # noqa: E402
 
-from .test_diagnostics import blocker, slow_inner, slow_outer  # noqa: E402 - planted faults
+from .test_diagnostics import (  # noqa: E402 - planted faults, the stack marker
+    blocker, needs_stall_stack, slow_inner, slow_outer)
 from .test_stats import spin, tl  # noqa: F401,E402 - the tideloop-only fixture and helper
 
 FAULTS = blocker.__code__.co_filename       # where the planted faults' lines are
@@ -171,6 +172,7 @@ def test_percentiles_cover_the_time_since_the_previous_collection(tl, otel):
 BLOCKING_LINE = blocker.__code__.co_firstlineno + 1        # time.sleep(0.2)
 
 
+@needs_stall_stack
 def test_a_stall_is_a_span_on_the_line_that_blocked(tl, otel):
     diagnostics.watch_stalls(0.05, tl)
     tl.call_soon(blocker)

@@ -7,6 +7,12 @@
 
 #include <structmember.h>
 
+#ifdef Py_GIL_DISABLED
+#define TL_FREE_THREADED 1      /* _core.free_threaded: built without the GIL */
+#else
+#define TL_FREE_THREADED 0
+#endif
+
 static int
 import_attr(PyObject **out, const char *module, const char *attr)
 {
@@ -344,7 +350,8 @@ core_exec(PyObject *m)
         PyModule_AddIntConstant(m, "main_interpreter",
                                 PyInterpreterState_Get() == PyInterpreterState_Main()) < 0 ||
         PyModule_AddIntConstant(m, "interpreter_id",
-                                (long)PyInterpreterState_GetID(PyInterpreterState_Get())) < 0)
+                                (long)PyInterpreterState_GetID(PyInterpreterState_Get())) < 0 ||
+        PyModule_AddIntConstant(m, "free_threaded", TL_FREE_THREADED) < 0)
         goto done;
     rc = 0;
 done:
