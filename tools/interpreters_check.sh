@@ -21,6 +21,8 @@
 #
 #   bash tools/interpreters_check.sh            # both (CI), about 3 minutes
 #   bash tools/interpreters_check.sh memcheck   # one of them
+#   MEMCHECK_SECONDS=120 ASAN_SECONDS=60 bash tools/interpreters_check.sh   # longer
+#       (the scenario's traffic window under each: 20 and 8 s by default)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WHAT=${1:-all}
@@ -62,6 +64,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = memcheck ]; then
     stamp "memcheck: stress scenario j on tideloop"
     set +e
     (cd "$WORK/mc" && PYTHONPATH="$WORK/mc/src" PYTHONMALLOC=malloc \
+        TIDELOOP_SANITIZE_SECONDS=${MEMCHECK_SECONDS:-20} \
         valgrind --tool=memcheck --error-exitcode=0 --num-callers=40 \
         --leak-check=full --show-leak-kinds=definite --errors-for-leak-kinds=definite \
         --xml=yes --xml-file="$WORK/memcheck.%p.xml" --log-file="$WORK/valgrind.%p.log" \
@@ -84,6 +87,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = asan ]; then
     (cd "$WORK/asan" &&
         export LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)" \
                PYTHONMALLOC=malloc PYTHONPATH="$WORK/asan/src" \
+               TIDELOOP_SANITIZE_SECONDS=${ASAN_SECONDS:-8} \
                ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1 \
                UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 &&
         "$REALPY" stress/run.py --child j --loop tideloop --mode quick --scale 0.1 > "$WORK/asan.out" 2>&1 &&

@@ -178,9 +178,14 @@ def leg_steps(leg, args, py, env, venv, logf):
     vpy = os.path.join(venv, "bin", "python")
     ok = step("venv", [py, "-m", "venv", venv])
     # One install at a time: pip builds in the checkout, and concurrent
-    # builds would share src/tideloop.egg-info.
+    # builds would share src/tideloop.egg-info.  --prefer-binary: a newer
+    # release without a wheel for this interpreter (3.13t has none of
+    # matplotlib 3.11.2's, nor of hypothesis's compiled core from 6.156)
+    # would be built from its sdist, which needs the network; an older
+    # release's wheel is taken instead.
     with INSTALL_LOCK:
-        ok = ok and step("install", [vpy, "-m", "pip", "install", "-q", ".[test]"])
+        ok = ok and step("install", [vpy, "-m", "pip", "install", "-q", "--prefer-binary",
+                                     ".[test]"])
     ok = (ok and
           step("import -W error", [vpy, "-W", "error", "-c",
                                    "import sys, tideloop, tideloop._core as c; "

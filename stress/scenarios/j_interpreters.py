@@ -190,7 +190,9 @@ def scenario_j(loop_name, res, sz, sabotage=False):
     if os.environ.get("TIDELOOP_SANITIZE_RUN") == "1":
         # Under ASan or valgrind an interpreter takes seconds to make: fewer
         # of them, more time (the leak verdict is valgrind's there).
-        sz = dict(sz, j_churn=1, j_warmup=1, j_duration=max(sz["j_duration"], 30.0))
+        # TIDELOOP_SANITIZE_SECONDS: how long (tools/interpreters_check.sh).
+        seconds = float(os.environ.get("TIDELOOP_SANITIZE_SECONDS", "30"))
+        sz = dict(sz, j_churn=1, j_warmup=1, j_duration=max(sz["j_duration"], seconds))
     api = _api()
     work = tempfile.mkdtemp(prefix="tideloop-stress-j-")
     path = [SRC] + sys.path
