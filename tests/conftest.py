@@ -22,7 +22,9 @@ try:
 except ImportError:     # an isolated subinterpreter: faulthandler is per process
     faulthandler = None
 
-from loop_helpers import IN_MAIN_INTERPRETER, SLOW, child_env, sigint_default_kwargs
+from loop_helpers import (
+    CHILD_PREAMBLE, IN_MAIN_INTERPRETER, SLOW, child_env, sigint_default_kwargs,
+)
 
 LOOP_NAMES = ["asyncio", "tideloop"]
 SRC_DIR = Path(__file__).resolve().parents[1] / "src"
@@ -218,15 +220,6 @@ def run(loop):
     return _run
 
 
-_PREAMBLE = """\
-import asyncio, sys
-LOOP_NAME = sys.argv[1]
-def new_loop():
-    if LOOP_NAME == "asyncio":
-        return asyncio.SelectorEventLoop()
-    import tideloop
-    return tideloop.new_event_loop()
-"""
 
 
 @pytest.fixture
@@ -237,7 +230,7 @@ def run_script(loop_name):
     as usual), even when this run ignores SIGINT."""
 
     def _run(code, *, timeout=30, env=None, pyflags=()):
-        src = _PREAMBLE + textwrap.dedent(code)
+        src = CHILD_PREAMBLE + textwrap.dedent(code)
         return subprocess.run(
             [sys.executable, *pyflags, "-c", src, loop_name],
             capture_output=True,

@@ -159,6 +159,19 @@ def hypothesis_api():
     return Anything(), given, settings, Anything()
 
 
+# The start of a child script (run_script, tests that talk to their child):
+# new_loop() makes a loop of the kind named by the script's first argument.
+CHILD_PREAMBLE = """\
+import asyncio, sys
+LOOP_NAME = sys.argv[1]
+def new_loop():
+    if LOOP_NAME == "asyncio":
+        return asyncio.SelectorEventLoop()
+    import tideloop
+    return tideloop.new_event_loop()
+"""
+
+
 def child_env(extra=None):
     env = dict(os.environ)
     parts = [str(_tideloop_root())]

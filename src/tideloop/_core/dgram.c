@@ -157,7 +157,7 @@ send_one(TransportObject *self, PyObject *obj, const char *data,
         }
         do {
             n = send(self->fd, data, (size_t)len, MSG_NOSIGNAL);
-        } while (n < 0 && errno == EINTR);
+        } while (tl_retry_eintr(n));
     }
     else {
         struct sockaddr_storage sa;
@@ -170,10 +170,12 @@ send_one(TransportObject *self, PyObject *obj, const char *data,
         do {
             n = sendto(self->fd, data, (size_t)len, MSG_NOSIGNAL,
                        (struct sockaddr *)&sa, salen);
-        } while (n < 0 && errno == EINTR);
+        } while (tl_retry_eintr(n));
     }
     if (n >= 0)
         return 0;
+    if (PyErr_Occurred())
+        return -1;              /* a signal handler raised */
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
         *sent = 0;
         return 0;
@@ -453,8 +455,10 @@ dg_read_ready(PyObject *obj)
     int n;
     do {
         n = recvmmsg(self->fd, msgs, (unsigned int)vlen, 0, NULL);
-    } while (n < 0 && errno == EINTR);
+    } while (tl_retry_eintr(n));
     if (n < 0) {
+        if (PyErr_Occurred())
+            return -1;          /* a signal handler raised */
         if (errno == EAGAIN || errno == EWOULDBLOCK)
             return 0;
         PyErr_SetFromErrno(PyExc_OSError);

@@ -30,6 +30,20 @@
 #include "ready.h"
 #include "health.h"
 
+/* A system call that failed with EINTR is retried only after Python's
+ * signal handlers ran: a call on an fd that blocks (a blocking socket given
+ * to sock_recv(), say) must let Ctrl-C and a SIGALRM handler in, as the
+ * socket module's calls do.  do n = recv(...); while (tl_retry_eintr(n));
+ * then n < 0 with an exception set: a handler raised.  Needs an attached
+ * thread state; elsewhere than the main thread of the main interpreter
+ * PyErr_CheckSignals() does nothing. */
+#include <errno.h>
+static inline int
+tl_retry_eintr(ssize_t n)
+{
+    return n < 0 && errno == EINTR && PyErr_CheckSignals() == 0;
+}
+
 /* Free-threaded builds (3.13t+): the few places where another thread may
  * reach a loop are made safe on purpose (the threading contract in
  * README.md: a loop belongs to the thread running it).  GIL builds compile

@@ -272,6 +272,11 @@ ensure_events_buffer(LoopObject *self)
 
 /* ---- wakeup ---- */
 
+/* The wakeup eventfd and the signal pipe are non-blocking and ours: their
+ * calls cannot wait for a signal, and write_wakeup() may run in any thread
+ * (call_soon_threadsafe), so their EINTR retries run no signal handlers
+ * (the loop's poll does, tl_retry_eintr everywhere else). */
+
 static void
 write_wakeup(LoopObject *self)
 {
@@ -458,8 +463,15 @@ poll_events(LoopObject *self, int64_t timeout_ns, int64_t *woke_ns)
         tl_count(&health->polls, 1);
         n = tl_poller_poll(self->poller, self->events, self->events_cap, 0);
     }
-    else if (!inbox_begin_sleep(self)) {
-        /* Another thread scheduled something meanwhile: do not sleep. */
+    else if (PyErr_CheckSignals() < 0) {
+        /* A signal that came while only C code ran (a blocking send() that
+         * it cut short, say) has its Python handler run before the loop
+         * sleeps, as Python code runs it at its next instruction; Ctrl-C
+         * raises here. */
+        return -1;
+    }
+    else if (self->ready.len || TL_ATOMIC_GET(&self->stopping) || !inbox_begin_sleep(self)) {
+        /* A handler (or another thread) scheduled something: do not sleep. */
         tl_count(&health->polls, 1);
         n = tl_poller_poll(self->poller, self->events, self->events_cap, 0);
     }

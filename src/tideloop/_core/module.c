@@ -7,12 +7,6 @@
 
 #include <structmember.h>
 
-#ifdef Py_GIL_DISABLED
-#define TL_FREE_THREADED 1      /* _core.free_threaded: built without the GIL */
-#else
-#define TL_FREE_THREADED 0
-#endif
-
 static int
 import_attr(PyObject **out, const char *module, const char *attr)
 {

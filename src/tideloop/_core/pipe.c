@@ -179,7 +179,11 @@ wp_write(TransportObject *self, PyObject *data)
         ssize_t n;
         do {
             n = write(self->fd, p, (size_t)len);
-        } while (n < 0 && errno == EINTR);
+        } while (tl_retry_eintr(n));
+        if (n < 0 && PyErr_Occurred()) {
+            rc = -1;            /* a signal handler raised */
+            goto done;
+        }
         if (n < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK) {
                 int err = errno;
@@ -220,8 +224,10 @@ wp_write_ready(PyObject *obj)
     ssize_t n;
     do {
         n = writev(self->fd, iov, cnt);
-    } while (n < 0 && errno == EINTR);
+    } while (tl_retry_eintr(n));
     if (n < 0) {
+        if (PyErr_Occurred())
+            return -1;          /* a signal handler raised */
         if (errno == EAGAIN || errno == EWOULDBLOCK)
             return 0;
         int err = errno;

@@ -25,9 +25,12 @@ tl_recv_spare(tl_recvbuf *rb, int fd, size_t max, int use_read,
     ssize_t n;
     do {
         n = use_read ? read(fd, buf, max) : recv(fd, buf, max, 0);
-    } while (n < 0 && errno == EINTR);
-    if (n < 0)
+    } while (tl_retry_eintr(n));
+    if (n < 0) {
+        if (PyErr_Occurred())
+            return -1;          /* a signal handler raised */
         *err = errno;
+    }
     if (n <= 0)
         return 0;
     if (n >= TL_HANDOVER_MIN && Py_REFCNT(rb->spare) == 1) {

@@ -139,11 +139,11 @@ recv_attempt(SockOpObject *self, PyObject **res)
     ssize_t n;
     do {
         n = recv(self->fd, PyBytes_AS_STRING(b), (size_t)self->nbytes, 0);
-    } while (n < 0 && errno == EINTR);
+    } while (tl_retry_eintr(n));
     if (n < 0) {
         int err = errno;
         Py_DECREF(b);
-        return blocked_or_error(err);
+        return PyErr_Occurred() ? -1 : blocked_or_error(err);
     }
     if (n != self->nbytes && tl_bytes_resize(&b, n) < 0)
         return -1;
@@ -168,9 +168,9 @@ recv_into_attempt(SockOpObject *self, PyObject **res)
     ssize_t n;
     do {
         n = recv(self->fd, self->view.buf, (size_t)self->view.len, 0);
-    } while (n < 0 && errno == EINTR);
+    } while (tl_retry_eintr(n));
     if (n < 0)
-        return blocked_or_error(errno);
+        return PyErr_Occurred() ? -1 : blocked_or_error(errno);
     return done(res, PyLong_FromSsize_t(n));
 }
 
@@ -183,22 +183,25 @@ sendall_prepare(SockOpObject *self)
     return 0;
 }
 
-/* At least one send(), as asyncio's sock.send(data) even for b"": its
- * errors (a closed or unconnected socket) are the caller's. */
+/* One send() per try, as asyncio's sock.send(): even for b"" (its errors,
+ * a closed or unconnected socket, are the caller's), and after a partial
+ * send the rest waits for the socket to be writable.  A non-blocking socket
+ * would refuse more anyway; a blocking one returns a partial count when a
+ * signal came, and the wait lets the task be cancelled (Ctrl-C). */
 static int
 sendall_attempt(SockOpObject *self, PyObject **res)
 {
     *res = NULL;
+    ssize_t n;
     do {
-        ssize_t n;
-        do {
-            n = send(self->fd, (char *)self->view.buf + self->pos,
-                     (size_t)(self->view.len - self->pos), MSG_NOSIGNAL);
-        } while (n < 0 && errno == EINTR);
-        if (n < 0)
-            return blocked_or_error(errno);
-        self->pos += n;
-    } while (self->pos < self->view.len);
+        n = send(self->fd, (char *)self->view.buf + self->pos,
+                 (size_t)(self->view.len - self->pos), MSG_NOSIGNAL);
+    } while (tl_retry_eintr(n));
+    if (n < 0)
+        return PyErr_Occurred() ? -1 : blocked_or_error(errno);
+    self->pos += n;
+    if (self->pos < self->view.len)
+        return 0;
     return done(res, Py_NewRef(Py_None));
 }
 
@@ -214,10 +217,14 @@ accept_attempt(SockOpObject *self, PyObject **res)
     *res = NULL;
     struct sockaddr_storage addr;
     socklen_t alen = sizeof(addr);
-    int cfd = accept4(self->fd, (struct sockaddr *)&addr, &alen,
+    int cfd;
+    do {
+        alen = sizeof(addr);
+        cfd = accept4(self->fd, (struct sockaddr *)&addr, &alen,
                       SOCK_NONBLOCK | SOCK_CLOEXEC);
+    } while (tl_retry_eintr(cfd));
     if (cfd < 0)
-        return blocked_or_error(errno);
+        return PyErr_Occurred() ? -1 : blocked_or_error(errno);
     return done(res, accept_result(self, cfd, (struct sockaddr *)&addr, alen));
 }
 

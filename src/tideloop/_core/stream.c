@@ -91,10 +91,12 @@ read_buffered(TransportObject *self)
     ssize_t n;
     do {
         n = recv(self->fd, view.buf, (size_t)view.len, 0);
-    } while (n < 0 && errno == EINTR);
+    } while (tl_retry_eintr(n));
     int err = errno;
     PyBuffer_Release(&view);
     Py_DECREF(buf);
+    if (n < 0 && PyErr_Occurred())
+        return -1;              /* a signal handler raised */
     if (n <= 0)
         return read_ended(self, n, err);
     PyObject *nb = PyLong_FromSsize_t(n);
@@ -122,7 +124,9 @@ read_cproto(TransportObject *self)
     ssize_t n;
     do {
         n = recv(self->fd, area, TL_TLS_AREA_SIZE, 0);
-    } while (n < 0 && errno == EINTR);
+    } while (tl_retry_eintr(n));
+    if (n < 0 && PyErr_Occurred())
+        return -1;              /* a signal handler raised */
     if (n <= 0)
         return read_ended(self, n, errno);
     tl_cproto *p = (tl_cproto *)Py_NewRef(self->cproto);
@@ -175,7 +179,9 @@ write_bytes(TransportObject *self, PyObject *obj, const char *data,
         ssize_t n;
         do {
             n = send(self->fd, data, (size_t)len, MSG_NOSIGNAL);
-        } while (n < 0 && errno == EINTR);
+        } while (tl_retry_eintr(n));
+        if (n < 0 && PyErr_Occurred())
+            return -1;          /* a signal handler raised */
         if (n < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK)
                 return tl_tr_fatal_errno(self, errno,
@@ -417,8 +423,10 @@ stream_write_ready(PyObject *obj)
     ssize_t n;
     do {
         n = sendmsg(self->fd, &msg, MSG_NOSIGNAL);
-    } while (n < 0 && errno == EINTR);
+    } while (tl_retry_eintr(n));
     if (n < 0) {
+        if (PyErr_Occurred())
+            return -1;          /* a signal handler raised */
         if (errno == EAGAIN || errno == EWOULDBLOCK)
             return 0;
         PyErr_SetFromErrno(PyExc_OSError);
