@@ -18,18 +18,19 @@ from . import _core
 class Signals:
     """add_signal_handler / remove_signal_handler (bound on the Loop class)."""
 
-    _old_wakeup_fd = None
-
     def _check_signal(self, sig):
         if not isinstance(sig, int):
             raise TypeError(f"sig must be an int, not {sig!r}")
         if sig not in signal.valid_signals():
             raise ValueError(f"invalid signal number {sig}")
 
-    def _restore_wakeup_fd(self):
-        old, self._old_wakeup_fd = self._old_wakeup_fd, None
+    def _clear_wakeup_fd(self):
+        # As the stock loop: no wakeup fd once the last handler is gone.  The
+        # one set before the first add_signal_handler() is not put back: its
+        # owner (another loop, say) may have closed it since, and the number
+        # may be another socket's now, which signals would write bytes into.
         try:
-            signal.set_wakeup_fd(-1 if old is None else old)
+            signal.set_wakeup_fd(-1)
         except (ValueError, OSError) as exc:
             _logger.info("set_wakeup_fd(-1) failed: %s", exc)
 
@@ -45,11 +46,9 @@ class Signals:
         try:
             # Raises ValueError outside the main thread: a loop running in
             # another thread cannot take signals.
-            old = signal.set_wakeup_fd(wfd)
+            signal.set_wakeup_fd(wfd)
         except (ValueError, OSError) as exc:
             raise RuntimeError(str(exc))
-        if self._old_wakeup_fd is None and old != wfd:
-            self._old_wakeup_fd = old
         handle = self._make_handle(callback, *args)
         self._signal_handlers[sig] = handle
         try:
@@ -58,7 +57,7 @@ class Signals:
         except OSError as exc:
             del self._signal_handlers[sig]
             if not self._signal_handlers:
-                self._restore_wakeup_fd()
+                self._clear_wakeup_fd()
             if exc.errno == errno.EINVAL:
                 raise RuntimeError(f"sig {sig} cannot be caught")
             raise
@@ -79,7 +78,7 @@ class Signals:
                 raise RuntimeError(f"sig {sig} cannot be caught")
             raise
         if not self._signal_handlers:
-            self._restore_wakeup_fd()
+            self._clear_wakeup_fd()
         return True
 
     def _remove_signal_handlers(self):
@@ -95,4 +94,4 @@ class Signals:
                           f"shutdown stage, skipping signal handlers "
                           f"removal", ResourceWarning, source=self)
             self._signal_handlers.clear()
-            self._restore_wakeup_fd()
+            self._clear_wakeup_fd()

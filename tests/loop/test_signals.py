@@ -238,8 +238,8 @@ def test_remove_last_handler_clears_wakeup_fd(loop):
 
 @main_interpreter
 def test_close_with_previous_wakeup_fd(loop_name, new_loop):
-    """A wakeup fd installed before the loop: stock asyncio resets it to -1
-    when its last handler goes; tideloop restores the previous one."""
+    """A wakeup fd installed before the loop: the loop resets it to -1 when
+    its last handler goes (it does not put back a number it does not own)."""
     a, b = socket.socketpair()
     a.setblocking(False)
     try:
@@ -247,15 +247,69 @@ def test_close_with_previous_wakeup_fd(loop_name, new_loop):
         lp = new_loop()
         lp.add_signal_handler(signal.SIGUSR1, lambda: None)
         lp.close()
-        restored = signal.set_wakeup_fd(-1)
-        if loop_name == "asyncio":
-            assert restored == -1
-        else:
-            assert restored == a.fileno()
+        assert signal.set_wakeup_fd(-1) == -1
     finally:
         signal.set_wakeup_fd(-1)
         a.close()
         b.close()
+
+
+def _stray_bytes(sock):
+    try:
+        return sock.recv(100)
+    except BlockingIOError:
+        return b""
+
+
+@main_interpreter
+@pytest.mark.parametrize("how", ["close", "remove_signal_handler"])
+def test_two_loops_leave_no_wakeup_fd_behind(loop_name, new_loop, how):
+    """Two loops with handlers, ended in the order they were made, sockets
+    opened in between (they take the first loop's closed fd numbers): a
+    signal afterwards writes nothing into them, and no wakeup fd is left."""
+    first, second = new_loop(), new_loop()
+    first.add_signal_handler(signal.SIGUSR2, lambda: None)
+    second.add_signal_handler(signal.SIGUSR2, lambda: None)
+    if how == "close":
+        first.close()
+    else:
+        first.remove_signal_handler(signal.SIGUSR2)
+    # sockets that take the numbers the first loop's fds had
+    socks = [s for _ in range(4) for s in socket.socketpair()]
+    for sock in socks:
+        sock.setblocking(False)
+    try:
+        if how == "close":
+            second.close()
+        else:
+            second.remove_signal_handler(signal.SIGUSR2)
+        signal.signal(signal.SIGUSR2, lambda *args: None)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.05)
+        assert signal.set_wakeup_fd(-1) == -1
+        assert [_stray_bytes(sock) for sock in socks] == [b""] * len(socks)
+    finally:
+        for sock in socks:
+            sock.close()
+        first.close()
+        second.close()
+
+
+@main_interpreter
+def test_a_collected_loop_leaves_no_wakeup_fd_behind(loop_name, new_loop):
+    """A loop with a handler collected unclosed: it warns, closes, and the
+    wakeup fd goes with it."""
+    import gc
+    import warnings
+    factory = type(new_loop())      # the kind, without keeping a loop
+    lp = factory()
+    lp.add_signal_handler(signal.SIGUSR2, lambda: None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del lp
+        gc.collect()
+    assert any("unclosed event loop" in str(w.message) for w in caught), caught
+    assert signal.set_wakeup_fd(-1) == -1
 
 
 # --- Ctrl-C -----------------------------------------------------------------
