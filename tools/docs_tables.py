@@ -761,6 +761,24 @@ def core_map():
     return re.sub(r"^#", "##", body.strip("\n"), flags=re.M)
 
 
+def internals_table():
+    """tideloop/_internals.py's REGISTRY, read without importing the package
+    (its Internal(...) entries are literals)."""
+    import ast
+    path = os.path.join(REPO, "src", "tideloop", "_internals.py")
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    entries = next(node.value.elts for node in tree.body if isinstance(node, ast.Assign)
+                   and any(getattr(t, "id", None) == "REGISTRY" for t in node.targets))
+    rows = []
+    for call in entries:
+        name, kind, what, why, versions, proof, fallback = (ast.literal_eval(a)
+                                                             for a in call.args)
+        rows.append([f"`{name}`", kind, what, why, versions, proof, fallback])
+    return table(["name", "chosen", "what (private to CPython)", "what for", "versions",
+                  "proven by", "fallback"], rows, left=7) + "\n"
+
+
 GENERATORS = {
     "matrix": matrix_table, "worker_spread": worker_spread_table, "threads": threads_table,
     "interpreters": interpreters_table,
@@ -773,6 +791,7 @@ GENERATORS = {
     "suites_full": lambda: _suites("ecosystem-suites-full.json"),   # --full
     "core_map": core_map, "targets": targets_table,
     "interpreter_imports": interpreter_imports_table,   # tools/interpreter_imports.py
+    "internals": internals_table,                       # src/tideloop/_internals.py
 }
 
 

@@ -64,6 +64,14 @@ def build_parser():
         description=_bench.build_parser().description)
     _bench.add_arguments(bench)
 
+    commands.add_parser(
+        "info", prog=f"{PROG} info",
+        help="which of tideloop's paths this interpreter runs and why",
+        description="Print the interpreter, the poller, the TLS routes, and each "
+                    "CPython-private layout or name tideloop relies on: whether it is "
+                    "in use here, and why not (TIDELOOP_PORTABLE=1 turns every one "
+                    "that has a fallback off).")
+
     top = commands.add_parser(
         "top", prog=f"{PROG} top",
         help="a live view of a running process's loops: health, stalls, slow "
@@ -452,6 +460,9 @@ def main(argv=None):
     if args.command == "bench":
         from tideloop import _bench
         return _bench.run_from_args(args, invocation=("-m", "tideloop", "bench"))
+    if args.command == "info":
+        from tideloop import _internals
+        return _internals.info()
     if args.command == "top":
         from tideloop import _diag_live
         return _diag_live.top_main(args)

@@ -10,7 +10,8 @@ imported, turns the path off), and asyncio's function for each method the
 core replaces: the core runs it whenever a call is out of the ordinary.
 
 ``TIDELOOP_STREAMS=0`` (or ``off``) in the environment turns the path off
-for the process; ``tideloop._core.set_streams_fast_path(False)`` for new
+for the process (so does ``TIDELOOP_PORTABLE=1``: the path reads asyncio's
+private attributes and, to find new writers, the caller's frame); ``tideloop._core.set_streams_fast_path(False)`` for new
 connections from then on.
 """
 
@@ -60,7 +61,8 @@ def _setup():
         (_streams.StreamWriter, _WRITER))]
     originals = tuple(_own(cls, name) for cls, name in _KINDS)
     usable = all(c is not None for c in checks) and all(f is not None for f in originals)
-    on = usable and os.environ.get("TIDELOOP_STREAMS", "1").lower() not in ("0", "off", "no")
+    on = (usable and not _core.portable and
+          os.environ.get("TIDELOOP_STREAMS", "1").lower() not in ("0", "off", "no"))
     if not usable:       # the core still needs arguments of the right types
         checks = [()] * 3
         originals = (None,) * len(_KINDS)

@@ -101,15 +101,21 @@ def new_ssl_protocol(*args, **kwargs):
     return protocol
 
 
-def _prove():
-    """None when the openssl route is safe on this interpreter, else why."""
-    here = getattr(_ssl, "__file__", None)
-    why = _core._tls_setup(
+def _setup_engine():
+    """Hand the engine asyncio's SSLProtocol pieces and _ssl's types: None,
+    or why the openssl route cannot be offered."""
+    return _core._tls_setup(
         _sslproto.SSLProtocol,
         (_sslproto.SSLProtocolState.DO_HANDSHAKE, _sslproto.SSLProtocolState.WRAPPED,
          _sslproto.SSLProtocolState.FLUSHING, _sslproto.SSLProtocolState.SHUTDOWN),
         _sslproto.SSLAgainErrors, _sslproto._SSLProtocolTransport.write, adopt,
-        _ssl._SSLSocket, _ssl.MemoryBIO, here, _ssl_mod.OPENSSL_VERSION)
+        _ssl._SSLSocket, _ssl.MemoryBIO, getattr(_ssl, "__file__", None),
+        _ssl_mod.OPENSSL_VERSION)
+
+
+def _prove():
+    """None when the openssl route is safe on this interpreter, else why."""
+    why = _setup_engine()
     if why is not None:
         return why
     client_ctx = _ssl_mod.SSLContext(_ssl_mod.PROTOCOL_TLS_CLIENT)
@@ -234,6 +240,12 @@ def _setup():
     global TLS_ROUTE_PROOF
     if _ssl_mod is None:
         return ("asyncio",)
+    if _core.portable:      # TIDELOOP_PORTABLE: no private layout of _ssl's
+        _setup_engine()
+        TLS_ROUTE_PROOF = "TIDELOOP_PORTABLE is set: the openssl route is not tried"
+        _core._tls_set_proven(False)
+        _core.set_tls_route(os.environ.get("TIDELOOP_TLS_ROUTE") or "sslobject")
+        return ("sslobject", "asyncio")
     try:
         TLS_ROUTE_PROOF = _prove()
     except Exception as exc:    # noqa: BLE001 - a failed proof is a verdict

@@ -35,6 +35,8 @@ int
 tl_context_init(tl_state *st)
 {
     st->fast_context = 0;
+    if (tl_portable())
+        return 0;           /* TIDELOOP_PORTABLE: the public copy only */
 #if TL_HAVE_CONTEXT_LAYOUT
     PyObject *ctx = PyContext_New();
     if (ctx == NULL)

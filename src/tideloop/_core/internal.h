@@ -44,6 +44,20 @@ tl_retry_eintr(ssize_t n)
     return n < 0 && errno == EINTR && PyErr_CheckSignals() == 0;
 }
 
+/* TIDELOOP_PORTABLE=1 in the environment: every path that relies on
+ * CPython's private layouts takes its public fallback (the context copy
+ * here; the TLS route and the C streams path in tideloop/_tls.py and
+ * _streams.py).  Read at import; tideloop/_internals.py lists them all. */
+#include <stdlib.h>
+#include <string.h>
+static inline int
+tl_portable(void)
+{
+    const char *v = getenv("TIDELOOP_PORTABLE");
+    return v != NULL && *v != '\0' && strcmp(v, "0") != 0 && strcmp(v, "off") != 0 &&
+           strcmp(v, "no") != 0;
+}
+
 /* Free-threaded builds (3.13t+): the few places where another thread may
  * reach a loop are made safe on purpose (the threading contract in
  * README.md: a loop belongs to the thread running it).  GIL builds compile

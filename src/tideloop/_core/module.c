@@ -345,7 +345,8 @@ core_exec(PyObject *m)
                                 PyInterpreterState_Get() == PyInterpreterState_Main()) < 0 ||
         PyModule_AddIntConstant(m, "interpreter_id",
                                 (long)PyInterpreterState_GetID(PyInterpreterState_Get())) < 0 ||
-        PyModule_AddIntConstant(m, "free_threaded", TL_FREE_THREADED) < 0)
+        PyModule_AddIntConstant(m, "free_threaded", TL_FREE_THREADED) < 0 ||
+        PyModule_AddIntConstant(m, "portable", tl_portable()) < 0)
         goto done;
     rc = 0;
 done:
