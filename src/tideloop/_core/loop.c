@@ -966,6 +966,39 @@ unbind_call_soon(LoopObject *self, PyObject *bound)
     return rc;
 }
 
+/* A step of run_forever()'s cleanup: done once more if it failed (a failed
+ * allocation must not leave asyncio thinking this loop still runs, or its
+ * hooks installed), the first failure kept as the step's error.  -1 when
+ * the first try failed. */
+static int
+cleanup_step(PyObject *(*step)(PyObject *, PyObject *), PyObject *a, PyObject *b)
+{
+    PyObject *r = step(a, b);
+    if (r != NULL) {
+        Py_DECREF(r);
+        return 0;
+    }
+    PyObject *err = tl_err_get_raised();
+    r = step(a, b);
+    if (r == NULL)
+        PyErr_Clear();
+    Py_XDECREF(r);
+    tl_err_set_raised(err);
+    return -1;
+}
+
+static PyObject *
+reset_running_loop(PyObject *events, PyObject *name)
+{
+    return PyObject_CallMethodOneArg(events, name, Py_None);
+}
+
+static PyObject *
+restore_asyncgen_hooks(PyObject *set_hooks, PyObject *old_hooks)
+{
+    return PyObject_Call(set_hooks, old_hooks, NULL);
+}
+
 static PyObject *
 loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
@@ -1030,21 +1063,15 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
     TL_ATOMIC_SET(&self->stopping, 0);
     TL_ATOMIC_SET(&self->thread_id, 0UL);
     self->run_tstate = NULL;
-    PyObject *r = PyObject_CallMethodOneArg(st->events_module,
-                                            st->str_set_running_loop, Py_None);
-    if (r == NULL)
+    if (cleanup_step(reset_running_loop, st->events_module, st->str_set_running_loop) < 0)
         failed = 2;
-    Py_XDECREF(r);
     if (failed != 2 &&
         call_optional_method(self, st->str_set_coroutine_origin_tracking,
                              Py_False) < 0)
         failed = 2;
-    if (failed != 2) {
-        r = PyObject_Call(st->set_asyncgen_hooks, old_hooks, NULL);
-        if (r == NULL)
-            failed = 2;
-        Py_XDECREF(r);
-    }
+    if (failed != 2 &&
+        cleanup_step(restore_asyncgen_hooks, st->set_asyncgen_hooks, old_hooks) < 0)
+        failed = 2;
     Py_DECREF(old_hooks);
     /* Always taken back (a cleanup error above is kept, and wins). */
     PyObject *cleanup_exc = tl_err_get_raised();
