@@ -612,6 +612,10 @@ struct LoopObject {
     pid_t os_tid;               /* the running thread's kernel id (watchdog.c) */
     PyThreadState *run_tstate;  /* the running thread's state (watchdog.c reads
                                    its frame with the GIL held), or NULL */
+    int signals_unchecked;       /* a signal may have cut a blocking call
+                                    short without its handler running (a
+                                    partial send()): run_once checks before
+                                    it sleeps (sockops.c, loop.c) */
     int streams_pending;         /* streams.c: connections whose StreamWriter
                                     has not been seen yet (create_future
                                     looks for it while this is not 0) */

@@ -463,11 +463,11 @@ poll_events(LoopObject *self, int64_t timeout_ns, int64_t *woke_ns)
         tl_count(&health->polls, 1);
         n = tl_poller_poll(self->poller, self->events, self->events_cap, 0);
     }
-    else if (PyErr_CheckSignals() < 0) {
-        /* A signal that came while only C code ran (a blocking send() that
-         * it cut short, say) has its Python handler run before the loop
-         * sleeps, as Python code runs it at its next instruction; Ctrl-C
-         * raises here. */
+    else if (self->signals_unchecked && (self->signals_unchecked = 0, PyErr_CheckSignals() < 0)) {
+        /* A signal that cut a blocking send() short (sockops.c) has its
+         * Python handler run before the loop sleeps, as Python code runs it
+         * at its next instruction; Ctrl-C raises here.  Only then: the
+         * check costs every sleep. */
         return -1;
     }
     else if (self->ready.len || TL_ATOMIC_GET(&self->stopping) || !inbox_begin_sleep(self)) {

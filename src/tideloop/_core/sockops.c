@@ -200,8 +200,12 @@ sendall_attempt(SockOpObject *self, PyObject **res)
     if (n < 0)
         return PyErr_Occurred() ? -1 : blocked_or_error(errno);
     self->pos += n;
-    if (self->pos < self->view.len)
+    if (self->pos < self->view.len) {
+        /* A blocking socket's send() cut short by a signal ran no handler:
+         * the loop checks before it sleeps. */
+        self->loop->signals_unchecked = 1;
         return 0;
+    }
     return done(res, Py_NewRef(Py_None));
 }
 
