@@ -5,6 +5,7 @@ subprocesses, TLS), streams, sock_*, executors, the refusal of signal
 handlers, and tideloop's diagnostics there."""
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
@@ -12,6 +13,11 @@ from interp_helpers import TESTS, check, needs_subinterpreters, run_in_subinterp
 from loop_helpers import SLOW, _tideloop_root, child_env
 
 TWO_INTERPRETERS = TESTS / "interpreters" / "two_interpreters.py"
+# Stall stacks in a subinterpreter: not on a free-threaded 3.13, where only
+# sys._current_frames() may read another thread's frame and walks other
+# interpreters' frames there (tideloop._diag_state.STALL_STACKS).
+STALL_STACKS_IN_SUBINTERPRETERS = not (sysconfig.get_config_var("Py_GIL_DISABLED")
+                                       and sys.version_info < (3, 14))
 
 pytestmark = needs_subinterpreters
 
@@ -214,7 +220,7 @@ def test_diagnostics_in_a_subinterpreter():
             loop.call_soon(block)
             await asyncio.sleep(0.5)
             s = diagnostics.stalls()[0]
-            print(s["blocked_at"][2], s["captured_by"])
+            print(s["blocked_at"] and s["blocked_at"][2], s["captured_by"])
             path = diagnostics.serve()
             print(os.path.basename(path) != "%d.sock" % os.getpid())
             doc = await asyncio.to_thread(_diag_live.request, path, {"want": "view"})
@@ -222,4 +228,7 @@ def test_diagnostics_in_a_subinterpreter():
             diagnostics.stop_serving()
         tideloop.run(main())
     """, "tideloop"))
-    assert out == ["block gil", "True", "1"]
+    if STALL_STACKS_IN_SUBINTERPRETERS:
+        assert out == ["block gil", "True", "1"]
+    else:   # 3.13t: the report says where the step ended, without a stack
+        assert out[0].startswith("None ") and out[1:] == ["True", "1"], out

@@ -44,5 +44,9 @@ def test_openssl_route_proven_on_every_tested_interpreter():
 
     if ssl.OPENSSL_VERSION_INFO < (3, 0):
         pytest.skip("the openssl route needs OpenSSL 3.0+")
+    if _core.portable:      # TIDELOOP_PORTABLE: not tried, and it says why
+        assert "TIDELOOP_PORTABLE" in _tls.TLS_ROUTE_PROOF
+        assert _core.tls_routes == ("sslobject",)
+        return
     assert _tls.TLS_ROUTE_PROOF is None
     assert _core.tls_routes[0] == "openssl"

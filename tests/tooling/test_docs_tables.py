@@ -45,6 +45,7 @@ def copy_tree_for_tables(tmp_path):
     core = tmp_path / "src" / "tideloop" / "_core"
     core.mkdir(parents=True)
     shutil.copy(os.path.join(REPO, "src", "tideloop", "_core", "README.md"), core)
+    shutil.copy(os.path.join(REPO, "src", "tideloop", "_internals.py"), core.parent)
 
 
 def test_a_changed_result_file_makes_the_docs_stale(tmp_path):
