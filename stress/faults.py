@@ -24,7 +24,7 @@ the safe set 0 failed operations.  The report lists every injected fault
 by call and kind (summed over the child's processes).
 
     python stress/faults.py                 # both sets, both loops, 30 s each
-    python stress/faults.py --ci            # CI's bounded run (about 3 minutes)
+    python stress/faults.py --ci            # CI's bounded run (about 2 minutes)
     python stress/faults.py --minutes 30    # the long run, by hand
 """
 import argparse
@@ -411,7 +411,7 @@ def report(runs):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ci", action="store_true", help="CI's bounded run (20 s per run)")
+    ap.add_argument("--ci", action="store_true", help="CI's bounded run (12 s per run)")
     ap.add_argument("--minutes", type=float, help="total time, split over the runs")
     ap.add_argument("--seconds", type=float, default=30.0, help="per run (default 30)")
     ap.add_argument("--rate", type=float, default=0.02, help="fault probability per call")
@@ -428,7 +428,7 @@ def main(argv=None):
         child_main(args.child, args.seconds, args.seed, args.arm, args.sets, args.sabotage)
         return 0
     loops, sets = args.loops.split(","), args.sets.split(",")
-    seconds = 20.0 if args.ci else args.seconds
+    seconds = 12.0 if args.ci else args.seconds
     if args.minutes:
         seconds = args.minutes * 60 / (len(loops) * len(sets))
     t0 = time.monotonic()

@@ -647,6 +647,8 @@ def prepare(work, python, src):
            "GLIBC_TUNABLES": GLIBC_PIN,
            "TIDELOOP_INSTR_LOOP": os.environ.get("TIDELOOP_INSTR_LOOP", "tideloop"),
            "TIDELOOP_INSTR_CERTS": os.path.join(work, "certs")}
+    if os.environ.get("TIDELOOP_PORTABLE"):     # the portable mode's price
+        env["TIDELOOP_PORTABLE"] = os.environ["TIDELOOP_PORTABLE"]
     return env
 
 
