@@ -779,6 +779,22 @@ def internals_table():
                   "proven by", "fallback"], rows, left=7) + "\n"
 
 
+def portable_cost_table():
+    """What TIDELOOP_PORTABLE costs: tools/instructions.py's figures with it
+    (results/instructions-portable.json) against the baseline's."""
+    fast, portable = _load("instructions.json"), _load("instructions-portable.json")
+    rows = []
+    for name, n in fast["figures"].items():
+        p = portable["figures"].get(name)
+        rows.append([name, f"{n:,}", f"{p:,}" if p else "-",
+                     ratio(p / n) if p else "-"])
+    return (table(["workload (instructions per operation)", "fast paths", "portable",
+                   "portable / fast"], rows)
+            + f"\n\nPython {fast['python']}; callgrind, user-space instructions per operation "
+              "(`env TIDELOOP_PORTABLE=1 python tools/instructions.py --json "
+              "results/instructions-portable.json`; the fast paths: `results/instructions.json`).\n")
+
+
 GENERATORS = {
     "matrix": matrix_table, "worker_spread": worker_spread_table, "threads": threads_table,
     "interpreters": interpreters_table,
@@ -792,6 +808,7 @@ GENERATORS = {
     "core_map": core_map, "targets": targets_table,
     "interpreter_imports": interpreter_imports_table,   # tools/interpreter_imports.py
     "internals": internals_table,                       # src/tideloop/_internals.py
+    "portable_cost": portable_cost_table,               # TIDELOOP_PORTABLE's price
 }
 
 
