@@ -296,8 +296,11 @@ async def workload(loop, seconds, seed, arm, fault_set):
 def child_main(loop_name, seconds, seed, arm, fault_set, sabotage=False):
     SABOTAGE[0] = int(sabotage)
     if loop_name == "tideloop":
-        sys.path.insert(0, os.path.join(ROOT, "src"))
-        import tideloop
+        try:
+            import tideloop     # installed, or on PYTHONPATH
+        except ImportError:     # a checkout built in place
+            sys.path.insert(0, os.path.join(ROOT, "src"))
+            import tideloop
         loop = tideloop.new_event_loop()
     else:
         loop = asyncio.SelectorEventLoop()

@@ -49,11 +49,18 @@ def _blocks():
 def _check_no_growth(workload, rounds=3, tolerance=3_000):
     workload()  # warm up caches, freelists
     workload()
-    before = _blocks()
-    for _ in range(rounds):
-        workload()
-    after = _blocks()
-    assert after - before < tolerance, f"grew by {after - before} blocks"
+    grown = []
+    # A leak grows every time; memory that something else in the process
+    # kept once (seen once in CI's loaded suite, on the stock loop's side)
+    # does not grow again: a second measure tells them apart.
+    for _attempt in range(2):
+        before = _blocks()
+        for _ in range(rounds):
+            workload()
+        grown.append(_blocks() - before)
+        if grown[-1] < tolerance:
+            return
+    raise AssertionError(f"grew by {grown[0]} blocks, then by {grown[1]}")
 
 
 def _bad(*args):
