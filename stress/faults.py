@@ -321,7 +321,9 @@ def run_child(lib, loop_name, fault_set, seconds, seed, rate, workdir, sabotage=
     prefix = os.path.join(workdir, "report-%s-%s" % (loop_name, fault_set))
     if fault_set == "failing":
         rate /= 2       # most operations must still get through
-    env = dict(os.environ, LD_PRELOAD=lib, TL_FAULTS=SETS[fault_set], TL_FAULT_RATE=str(rate),
+    # After what is preloaded already (a sanitizer's runtime must come first).
+    preload = ":".join(filter(None, (os.environ.get("LD_PRELOAD"), lib)))
+    env = dict(os.environ, LD_PRELOAD=preload, TL_FAULTS=SETS[fault_set], TL_FAULT_RATE=str(rate),
                TL_FAULT_SEED=str(seed), TL_FAULT_REPORT=prefix, TL_FAULT_ARM=arm)
     env.pop("PYTHONASYNCIODEBUG", None)
     t0 = time.monotonic()
