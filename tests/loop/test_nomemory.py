@@ -16,6 +16,15 @@ from loop_helpers import CHILD_PREAMBLE, child_env
 
 pytest.importorskip("_testcapi")
 
+# 3.11 only: from 3.12 CPython itself does not survive some of these failed
+# allocations -- the stock loop is left "already running" (3.12, 3.15), and
+# a failed allocation in asyncio.streams' readuntil (CPython's code, the
+# StreamReader not fed by tideloop) crashed 3.13t -- so the two loops cannot
+# be compared there.
+pytestmark = pytest.mark.skipif(
+    sys.version_info[:2] != (3, 11),
+    reason="from 3.12 CPython's own code does not survive some failed allocations here")
+
 SWEEP = r"""
 import gc, socket, warnings, _testcapi
 warnings.simplefilter("ignore", RuntimeWarning)     # coroutines a failure never started
