@@ -82,6 +82,7 @@ import tempfile
 import time
 
 from bench import plot, procs
+from bench.threads import _fmt_rps, _fmt_us     # the same table cells
 from tideloop._bench import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -514,16 +515,6 @@ def verdicts(echo, inproc, memory_doc, cpus, skipped=None):
 # --------------------------------------------------------------------------
 # Reporting
 # --------------------------------------------------------------------------
-
-def _fmt_rps(x):
-    if x is None:
-        return "-"
-    return f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
-
-
-def _fmt_us(x):
-    return "-" if x is None else f"{x:.1f}" if x < 100 else f"{x:,.0f}"
-
 
 def _fmt_mib(kib):
     return "-" if kib is None else f"{round(kib / 1024, 1) + 0.0:.1f}"   # no "-0.0"
