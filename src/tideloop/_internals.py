@@ -44,9 +44,8 @@ REGISTRY = (
     Internal(
         "streams_c_path", "run time",
         "asyncio.streams' private attributes (StreamReader._buffer, _waiter, ...; "
-        "StreamReaderProtocol._stream_reader_wr, _drain_helper) and, in create_future(), "
-        "the caller's frame (StreamWriter.__init__'s code and its 'self')",
-        "asyncio streams' reads, writes and drain() in C",
+        "StreamReaderProtocol._stream_reader_wr, _paused, _connection_lost, _drain_helper)",
+        "asyncio streams' reads and the wait in drain() in C",
         "3.11-3.15",
         "tideloop/_streams.py at import: each method is asyncio.streams' own; the core "
         "checks the classes' version tags before every use",
@@ -94,10 +93,6 @@ REGISTRY = (
         "bytearray_empty", "build time", "PyByteArrayObject's fields",
         "emptying a bytearray buffer that keeps its storage", "3.11-3.14",
         "compiled per version", "bytearray resize (public)"),
-    Internal(
-        "frame_var", "build time", "a frame's locals (PyFrame_GetVar, 3.12+; f_locals before)",
-        "the C streams path finds the StreamWriter being made", "3.11-3.15",
-        "compiled per version", "the C streams path off"),
 )
 
 

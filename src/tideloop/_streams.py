@@ -1,8 +1,9 @@
 """The C data path of asyncio streams: what the core relies on, proven once.
 
 tideloop's core (``_core/streams.c``) feeds asyncio's ``StreamReader`` and
-runs its awaited reads, and the ``StreamWriter``'s writes and ``drain()``,
-in C -- for the exact classes of this interpreter's ``asyncio.streams``,
+runs its awaited reads, and the protocol's ``_drain_helper()`` that
+``StreamWriter.drain()`` awaits, in C -- for the exact classes of this
+interpreter's ``asyncio.streams``,
 with their methods as asyncio defines them.  This module hands the core
 those classes and functions, taken from ``asyncio.streams`` itself (a
 function that is not asyncio's own, e.g. patched before tideloop was
@@ -11,8 +12,8 @@ core replaces: the core runs it whenever a call is out of the ordinary.
 
 ``TIDELOOP_STREAMS=0`` (or ``off``) in the environment turns the path off
 for the process (so does ``TIDELOOP_PORTABLE=1``: the path reads asyncio's
-private attributes and, to find new writers, the caller's frame); ``tideloop._core.set_streams_fast_path(False)`` for new
-connections from then on.
+private attributes); ``tideloop._core.set_streams_fast_path(False)`` for
+new connections from then on.
 """
 
 import asyncio.coroutines
@@ -32,12 +33,10 @@ _READER = ("read", "readline", "readexactly", "readuntil", "feed_data",
            "exception", "__init__")
 _PROTOCOL = ("data_received", "_stream_reader", "_drain_helper", "connection_lost",
              "pause_writing", "resume_writing")
-_WRITER = ("write", "writelines", "drain", "__init__")
 # The core's method kinds, in its order (streams.c K_*).
 _KINDS = ((_streams.StreamReader, "read"), (_streams.StreamReader, "readline"),
           (_streams.StreamReader, "readexactly"), (_streams.StreamReader, "readuntil"),
-          (_streams.StreamWriter, "write"), (_streams.StreamWriter, "writelines"),
-          (_streams.StreamWriter, "drain"))
+          (_streams.StreamReaderProtocol, "_drain_helper"))
 
 
 def _own(cls, name):
@@ -57,21 +56,18 @@ def _check(cls, names):
 
 def _setup():
     checks = [_check(cls, names) for cls, names in (
-        (_streams.StreamReader, _READER), (_streams.StreamReaderProtocol, _PROTOCOL),
-        (_streams.StreamWriter, _WRITER))]
+        (_streams.StreamReader, _READER), (_streams.StreamReaderProtocol, _PROTOCOL))]
     originals = tuple(_own(cls, name) for cls, name in _KINDS)
     usable = all(c is not None for c in checks) and all(f is not None for f in originals)
     on = (usable and not _core.portable and
           os.environ.get("TIDELOOP_STREAMS", "1").lower() not in ("0", "off", "no"))
     if not usable:       # the core still needs arguments of the right types
-        checks = [()] * 3
+        checks = [()] * 2
         originals = (None,) * len(_KINDS)
-    writer_init = _own(_streams.StreamWriter, "__init__")
     _core._streams_setup(on, _streams.StreamReader, _streams.StreamReaderProtocol,
-                         _streams.StreamWriter, *checks, originals,
+                         *checks, originals,
                          asyncio.exceptions.IncompleteReadError,
                          asyncio.exceptions.LimitOverrunError,
-                         writer_init.__code__ if usable and writer_init else None,
                          # what inspect.iscoroutinefunction() (3.12+) and
                          # asyncio.iscoroutinefunction() (to 3.13) look for;
                          # inspect's marker was _is_coroutine_marker in the

@@ -35,7 +35,6 @@ def expected_c_branches():
                          "private-proven-3.14" if PY < (3, 15) else "private-proven-3.15"),
         "free_threading": "gil-not-used" if FREE_THREADED else "gil-build",
         "weakref_get": "public" if PY >= (3, 13) else "deprecated-borrowed",
-        "frame_var": "public" if PY >= (3, 12) else "fallback",
         "type_version": "struct-field",
         "bytearray_empty": "struct-fields" if PY < (3, 15) else "fallback",
     }

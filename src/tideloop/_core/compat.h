@@ -241,34 +241,6 @@ tl_weakref_get(PyObject *ref, PyObject **obj)
 }
 #endif
 
-/* -- A local variable of a frame (streams.c finds the StreamWriter being
- * made from the create_future() call in its __init__) --
- * 3.12+: PyFrame_GetVar (a new reference; NameError when unbound).
- * 3.11: PyFrame_GetLocals, then the name in that dict. */
-#if PY_VERSION_HEX >= 0x030C0000
-#  define TL_COMPAT_FRAME_VAR "public"
-static inline PyObject *
-tl_frame_var(PyFrameObject *frame, PyObject *name)
-{
-    return PyFrame_GetVar(frame, name);
-}
-#else
-#  define TL_COMPAT_FRAME_VAR "fallback"
-static inline PyObject *
-tl_frame_var(PyFrameObject *frame, PyObject *name)
-{
-    PyObject *locals = PyFrame_GetLocals(frame);
-    if (locals == NULL)
-        return NULL;
-    PyObject *v = PyDict_GetItemWithError(locals, name);
-    if (v == NULL && !PyErr_Occurred())
-        PyErr_Format(PyExc_NameError, "variable %R does not exist", name);
-    Py_XINCREF(v);
-    Py_DECREF(locals);
-    return v;
-}
-#endif
-
 /* -- A type's version tag (streams.c: asyncio's stream classes unchanged
  * since their methods were checked) --
  * tp_version_tag is a field of the PyTypeObject struct on 3.11-3.15; the
@@ -376,7 +348,6 @@ tl_bytearray_append(PyObject *buf, const char *data, Py_ssize_t n)
     X("ssl_eof_flag", TL_COMPAT_SSL_EOF_FLAG)                  \
     X("free_threading", TL_COMPAT_FREE_THREADING)              \
     X("weakref_get", TL_COMPAT_WEAKREF_GET)                    \
-    X("frame_var", TL_COMPAT_FRAME_VAR)                        \
     X("type_version", TL_COMPAT_TYPE_VERSION)                  \
     X("bytearray_empty", TL_COMPAT_BYTEARRAY_EMPTY)
 

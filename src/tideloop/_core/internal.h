@@ -258,13 +258,12 @@ enum {
     X(diag_asyncio_dir)     /* asyncio's directory, with a trailing / */  \
     X(diag_task_types)      /* (asyncio.Task, asyncio.tasks._PyTask) */  \
     /* streams.c, set by _streams_setup() (tideloop._streams); NULL before: */ \
-    X(s_reader_type) X(s_protocol_type) X(s_writer_type)  /* asyncio's */ \
-    X(s_reader_check) X(s_protocol_check) X(s_writer_check)  /* ((name,   \
+    X(s_reader_type) X(s_protocol_type)  /* asyncio's */ \
+    X(s_reader_check) X(s_protocol_check)  /* ((name,   \
                           asyncio's function), ...): the methods relied on */ \
     X(s_originals)     /* asyncio's function per stream method kind */    \
     X(s_incomplete)    /* asyncio.IncompleteReadError */                  \
     X(s_overrun)       /* asyncio.LimitOverrunError */                    \
-    X(s_writer_init)   /* StreamWriter.__init__.__code__ */               \
     X(s_method_names)  /* the instance attribute per method kind */      \
     X(s_minus_one) X(s_newline)   /* read()'s and readuntil()'s defaults */ \
     X(s_take_bytes)    /* bytearray.take_bytes (3.15+), else NULL */      \
@@ -341,13 +340,12 @@ typedef struct {
     /* Counts since import (relaxed atomics): connections whose reader got
      * the C path, writers found, awaited calls run in C, calls handed to
      * asyncio's own coroutine, feeds asyncio's own code took. */
-    uint64_t s_adopted, s_writers, s_ops_c, s_ops_python, s_feeds_python;
-    unsigned int s_reader_tag, s_protocol_tag, s_writer_tag;
+    uint64_t s_adopted, s_drain_helpers, s_ops_c, s_ops_python, s_feeds_python;
+    unsigned int s_reader_tag, s_protocol_tag;
     /* Set by module.c: how transport.c and loop.c, which sit below
      * streams.c, reach it (no upward calls between the files). */
     int (*streams_adopt)(LoopObject *loop, PyObject *protocol,
                          PyObject **cproto);
-    int (*streams_writer_made)(LoopObject *loop);
 } tl_state;
 
 
@@ -616,9 +614,6 @@ struct LoopObject {
                                     short without its handler running (a
                                     partial send()): run_once checks before
                                     it sleeps (sockops.c, loop.c) */
-    int streams_pending;         /* streams.c: connections whose StreamWriter
-                                    has not been seen yet (create_future
-                                    looks for it while this is not 0) */
     PyTypeObject *streams_cf_type;   /* streams.c: this loop's type, and its */
     unsigned int streams_cf_tag;     /* version tag, when its create_future
                                         was found to be the core's (borrowed:
@@ -791,7 +786,6 @@ extern const PyMethodDef tl_sockop_loop_methods[];
 extern PyType_Spec tl_stream_method_spec, tl_stream_op_spec, tl_stream_feeder_spec;
 extern const PyMethodDef tl_streams_module_methods[];
 int tl_streams_adopt(LoopObject *loop, PyObject *protocol, PyObject **cproto);
-int tl_streams_writer_made(LoopObject *loop);
 void tl_streams_free_list(tl_state *st);
 int tl_streams_feed_app(LoopObject *loop, PyObject *protocol, const char *data, Py_ssize_t n);
 

@@ -1282,10 +1282,6 @@ tl_loop_create_future(LoopObject *self)
 static PyObject *
 loop_create_future(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
-    /* Some stream connection's StreamWriter is still to be seen: is this
-     * its __init__ calling (streams.c)? */
-    if (self->streams_pending > 0 && self->state->streams_writer_made(self) < 0)
-        return NULL;
     return tl_loop_create_future(self);
 }
 

@@ -321,7 +321,6 @@ core_exec(PyObject *m)
         goto done;
     /* transport.c and loop.c reach streams.c, above them, through these. */
     st->streams_adopt = tl_streams_adopt;
-    st->streams_writer_made = tl_streams_writer_made;
 
     if ((st->events_module = PyImport_ImportModule("asyncio.events")) == NULL ||
         module_dict(&st->tasks_dict, "asyncio.tasks") < 0 ||

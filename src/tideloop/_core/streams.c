@@ -11,16 +11,18 @@
  *   - the feeder (a tl_cproto): received bytes go straight into
  *     reader._buffer, the reader's waiter is woken and reading is paused at
  *     twice the limit, as StreamReader.feed_data() does;
- *   - the reader's read/readline/readexactly/readuntil and the writer's
- *     write/writelines/drain: C callables put in each instance's __dict__
- *     (which attribute lookup prefers to the class's functions), holding
- *     their object weakly so that no cycle keeps it alive.  The awaited
- *     ones return a small awaitable (StreamOp) that asyncio takes for a
- *     coroutine; it waits on a future in reader._waiter as
- *     StreamReader._wait_for_data() does;
- *   - the writer is found as it is made: while a connection's writer is
- *     unseen, the loop's create_future() looks for StreamWriter.__init__
- *     as its caller (asyncio's writer makes a future there).
+ *   - the reader's read/readline/readexactly/readuntil and the protocol's
+ *     _drain_helper (what StreamWriter.drain() awaits): C callables put in
+ *     each instance's __dict__ (which attribute lookup prefers to the
+ *     class's functions), holding their object weakly so that no cycle
+ *     keeps it alive.  They return a small awaitable (StreamOp) that
+ *     asyncio takes for a coroutine; a read waits on a future in
+ *     reader._waiter as StreamReader._wait_for_data() does.
+ *
+ * The StreamWriter keeps asyncio's own methods: the transport and the
+ * protocol are handed to the transport, the writer is not (it is made
+ * after connection_made() on the client side, and 3.13+ keeps no reference
+ * to it on the protocol), and finding it would mean asking who called.
  *
  * Everything works on the objects' own attributes (_buffer, _waiter, _eof,
  * _paused, _limit, _exception, _transport), so asyncio's Python methods and
@@ -38,15 +40,13 @@
 
 enum {
     K_READ, K_READLINE, K_READEXACTLY, K_READUNTIL,     /* the reader's */
-    K_WRITE, K_WRITELINES, K_DRAIN,                     /* the writer's */
+    K_DRAIN_HELPER,                                     /* the protocol's */
     K_COUNT
 };
-#define K_FIRST_WRITER K_WRITE
 
 static const char *const kind_qualname[K_COUNT] = {
     "StreamReader.read", "StreamReader.readline", "StreamReader.readexactly",
-    "StreamReader.readuntil", "StreamWriter.write", "StreamWriter.writelines",
-    "StreamWriter.drain",
+    "StreamReader.readuntil", "FlowControlMixin._drain_helper",
 };
 
 /* ---- what is proven about asyncio's classes ---- */
@@ -99,13 +99,6 @@ is_protocol(tl_state *st, PyObject *obj)
 {
     return Py_IS_TYPE(obj, (PyTypeObject *)st->s_protocol_type)
            ? class_unchanged(Py_TYPE(obj), &st->s_protocol_tag, st->s_protocol_check) : 0;
-}
-
-static inline int
-is_writer(tl_state *st, PyObject *obj)
-{
-    return Py_IS_TYPE(obj, (PyTypeObject *)st->s_writer_type)
-           ? class_unchanged(Py_TYPE(obj), &st->s_writer_tag, st->s_writer_check) : 0;
 }
 
 /* ---- attributes, read and written in the instance __dict__ ---- */
@@ -368,17 +361,7 @@ typedef struct {
     /* protocol._stream_reader_wr as adopted: asyncio's protocol sets it in
      * __init__ and clears it in connection_lost, after the last feed. */
     PyObject *reader_ref;
-    int writer_pending;          /* counted in loop->streams_pending */
 } FeederObject;
-
-static void
-feeder_writer_seen(FeederObject *self)
-{
-    if (self->writer_pending) {
-        self->writer_pending = 0;
-        self->loop->streams_pending--;
-    }
-}
 
 /* protocol.data_received(bytes), asyncio's way (anything unusual). */
 static int
@@ -493,7 +476,6 @@ static void
 feeder_detach(tl_cproto *cp)
 {
     FeederObject *self = (FeederObject *)cp;
-    feeder_writer_seen(self);
     Py_CLEAR(self->protocol);
     Py_CLEAR(self->reader_ref);
 }
@@ -521,8 +503,6 @@ feeder_dealloc(FeederObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
-    if (self->loop != NULL)
-        feeder_writer_seen(self);
     feeder_clear(self);
     Py_CLEAR(self->loop);
     tp->tp_free(self);
@@ -552,7 +532,7 @@ enum { OP_NEW, OP_RUNNING, OP_WAITING, OP_DELEGATED, OP_DONE };
 typedef struct OpObject OpObject;
 struct OpObject {
     PyObject_HEAD
-    PyObject *owner;             /* the reader or writer */
+    PyObject *owner;             /* the reader or protocol */
     PyObject *arg;               /* n, the separator, or NULL */
     PyObject *sub;               /* WAITING: the waiter's iterator;
                                     DELEGATED: asyncio's coroutine */
@@ -864,43 +844,15 @@ static int
 op_fast(OpObject *self, PyObject *d, PyObject **bufp)
 {
     tl_state *st = self->state;
-    if (self->kind == K_DRAIN) {
-        /* drain(): nothing to wait for -- no exception on the reader, the
-         * transport open, the protocol neither paused nor lost. */
-        PyObject *reader = PyDict_GetItemWithError(d, st->str_s_reader);
-        PyObject *tr = PyDict_GetItemWithError(d, st->str_t_transport);
-        PyObject *proto = PyDict_GetItemWithError(d, st->str_s_protocol);
-        if (reader == NULL || tr == NULL || proto == NULL)
-            return PyErr_Occurred() ? -1 : 0;
-        if (reader != Py_None) {
-            int ok = is_reader(st, reader);
-            if (ok <= 0)
-                return ok;
-            PyObject *rd = obj_dict(reader);
-            if (rd == NULL)
-                return -1;
-            PyObject *exc = PyDict_GetItemWithError(rd, st->str_s_exception);
-            ok = exc == Py_None;
-            Py_DECREF(rd);
-            if (!ok)
-                return PyErr_Occurred() ? -1 : 0;
-        }
-        if (!Py_IS_TYPE(tr, st->SocketTransportType) ||
-            ((TransportObject *)tr)->head.closing ||
-            (((TransportObject *)tr)->dict != NULL &&
-             PyDict_Size(((TransportObject *)tr)->dict) != 0))
-            return 0;
-        int ok = is_protocol(st, proto);
+    if (self->kind == K_DRAIN_HELPER) {
+        /* _drain_helper(): nothing to wait for -- the connection neither
+         * lost nor paused (asyncio's own raises or waits otherwise). */
+        int ok = is_protocol(st, self->owner);
         if (ok <= 0)
             return ok;
-        PyObject *pd = obj_dict(proto);
-        if (pd == NULL)
-            return -1;
-        PyObject *lost = PyDict_GetItemWithError(pd, st->str_s_connection_lost);
-        PyObject *paused = PyDict_GetItemWithError(pd, st->str_s_paused);
-        ok = lost == Py_False && paused == Py_False;
-        Py_DECREF(pd);
-        return PyErr_Occurred() ? -1 : ok;
+        PyObject *lost = PyDict_GetItemWithError(d, st->str_s_connection_lost);
+        PyObject *paused = PyDict_GetItemWithError(d, st->str_s_paused);
+        return PyErr_Occurred() ? -1 : lost == Py_False && paused == Py_False;
     }
     int ok = is_reader(st, self->owner);
     if (ok <= 0)
@@ -1039,7 +991,7 @@ op_step(OpObject *self, PyObject *value, PyObject *exc, PyObject **res)
             return op_step(self, Py_None, NULL, res);
         }
         TL_ATOMIC_ADD(&self->state->s_ops_c, 1);
-        if (self->kind == K_DRAIN) {
+        if (self->kind == K_DRAIN_HELPER) {
             Py_DECREF(d);
             self->phase = OP_DONE;
             *res = Py_NewRef(Py_None);
@@ -1421,12 +1373,12 @@ op_new(tl_state *st, int kind, PyObject *owner, PyObject *arg)
     return (PyObject *)self;
 }
 
-/* ---- the methods put in the reader's and the writer's __dict__ ---- */
+/* ---- the methods put in the reader's and the protocol's __dict__ ---- */
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *ref;               /* a weak reference to the reader or writer */
+    PyObject *ref;               /* a weak reference to the reader or protocol */
     tl_state *state;
     int kind;
 } MethodObject;
@@ -1454,32 +1406,6 @@ method_python(MethodObject *self, PyObject *owner, PyObject *const *args,
     return r;
 }
 
-/* writer.write(data) / writelines(data): self._transport.write(data). */
-static PyObject *
-writer_write(tl_state *st, int kind, PyObject *writer, PyObject *data)
-{
-    PyObject *d = obj_dict(writer);
-    if (d == NULL)
-        return NULL;
-    PyObject *tr = attr(writer, d, st->str_t_transport), *r;
-    Py_XINCREF(tr);
-    Py_DECREF(d);
-    if (tr == NULL)
-        return NULL;
-    TransportObject *t = (TransportObject *)tr;
-    if (Py_IS_TYPE(tr, st->SocketTransportType) &&
-        (t->dict == NULL || PyDict_Size(t->dict) == 0))
-        r = kind == K_WRITE ? tl_stream_write(t, data) : tl_stream_writelines(t, data);
-    else
-        r = PyObject_CallMethodOneArg(tr, kind == K_WRITE ? st->str_write : st->str_writelines,
-                                      data);
-    Py_DECREF(tr);
-    if (r == NULL)
-        return NULL;
-    Py_DECREF(r);
-    Py_RETURN_NONE;
-}
-
 static PyObject *
 method_vectorcall(MethodObject *self, PyObject *const *args, size_t nargsf,
                   PyObject *kwnames)
@@ -1505,8 +1431,6 @@ method_vectorcall(MethodObject *self, PyObject *const *args, size_t nargsf,
             arg = nargs ? args[0] : kind == K_READ ? st->s_minus_one : st->s_newline;
         break;
     case K_READEXACTLY:
-    case K_WRITE:
-    case K_WRITELINES:
         ok = ok && nargs == 1;
         if (ok)
             arg = args[0];
@@ -1520,11 +1444,6 @@ method_vectorcall(MethodObject *self, PyObject *const *args, size_t nargsf,
     }
     if (!ok)
         r = method_python(self, owner, args, nargs, kwnames);
-    else if (kind == K_WRITE || kind == K_WRITELINES) {
-        int mine = is_writer(st, owner);
-        r = mine < 0 ? NULL : mine ? writer_write(st, kind, owner, arg)
-                                   : method_python(self, owner, args, nargs, NULL);
-    }
     else
         r = op_new(st, kind, owner, arg);
     Py_DECREF(owner);
@@ -1557,15 +1476,12 @@ method_get_name(MethodObject *self, void *Py_UNUSED(c))
     return PyUnicode_FromString(strchr(kind_qualname[self->kind], '.') + 1);
 }
 
-/* The awaited ones answer inspect's and asyncio's "is it a coroutine
- * function?" as asyncio's do (3.12+: inspect's marker; asyncio's own up
- * to 3.13); write and writelines have no such attributes. */
+/* They answer inspect's and asyncio's "is it a coroutine function?" as
+ * asyncio's do (3.12+: inspect's marker; asyncio's own up to 3.13). */
 static PyObject *
 method_marker(MethodObject *self, int which)
 {
-    PyObject *m = NULL;
-    if (self->kind != K_WRITE && self->kind != K_WRITELINES)
-        m = PyTuple_GET_ITEM(self->state->s_markers, which);
+    PyObject *m = PyTuple_GET_ITEM(self->state->s_markers, which);
     if (m == NULL || m == Py_None) {
         PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%s'",
                      "tideloop.StreamMethod", which ? "_is_coroutine" : "_is_coroutine_marker");
@@ -1701,6 +1617,30 @@ install_methods(tl_state *st, PyObject *obj, PyObject *d, int first, int end)
     return rc;
 }
 
+/* Is d[name] something of the instance's own (not one of these methods)?
+ * -1: error. */
+static int
+foreign(tl_state *st, PyObject *d, PyObject *name)
+{
+    PyObject *v = PyDict_GetItemWithError(d, name);
+    return v != NULL ? !Py_IS_TYPE(v, st->StreamMethodType) : PyErr_Occurred() ? -1 : 0;
+}
+
+/* The protocol's _drain_helper in its __dict__ d, which StreamWriter.drain()
+ * awaits: found through the protocol, handed to the transport, whoever
+ * made the writer.  Left alone when the instance has its own. */
+static int
+install_drain_helper(tl_state *st, PyObject *protocol, PyObject *d)
+{
+    int rc = foreign(st, d, st->str_drain_helper);
+    if (rc != 0)
+        return rc < 0 ? -1 : 0;
+    rc = install_methods(st, protocol, d, K_DRAIN_HELPER, K_COUNT);
+    if (rc > 0)
+        TL_ATOMIC_ADD(&st->s_drain_helpers, 1);
+    return rc;
+}
+
 /* ---- TLS streams: tls.c's engine hands its plaintext over ---- */
 
 /* The plaintext for SSLProtocol's app protocol: when that is asyncio's
@@ -1742,7 +1682,8 @@ tl_streams_feed_app(LoopObject *loop, PyObject *protocol, const char *data, Py_s
     }
     PyObject *have = PyDict_GetItemWithError(rd, PyTuple_GET_ITEM(st->s_method_names, K_READ));
     if (have == NULL) {
-        if (PyErr_Occurred() || (rc = install_methods(st, reader, rd, 0, K_FIRST_WRITER)) < 0) {
+        if (PyErr_Occurred() || (rc = install_methods(st, reader, rd, 0, K_DRAIN_HELPER)) < 0 ||
+            install_drain_helper(st, protocol, pd) < 0) {
             rc = -1;
             goto done;
         }
@@ -1779,7 +1720,7 @@ tl_streams_adopt(LoopObject *loop, PyObject *protocol, PyObject **cproto)
     /* Methods set on the instances themselves are theirs to run (checked
      * once: the core does not look again for each call). */
     if ((rc = shadowed(pd, st->str_data_received)) != 0 ||
-        (rc = shadowed(pd, st->str_drain_helper)) != 0) {
+        (rc = foreign(st, pd, st->str_drain_helper)) != 0) {
         rc = rc < 0 ? -1 : 0;
         goto done;
     }
@@ -1804,7 +1745,8 @@ tl_streams_adopt(LoopObject *loop, PyObject *protocol, PyObject **cproto)
         rc = rc < 0 ? -1 : 0;
         goto done;
     }
-    if ((rc = install_methods(st, reader, rd, 0, K_FIRST_WRITER)) <= 0)
+    if ((rc = install_methods(st, reader, rd, 0, K_DRAIN_HELPER)) <= 0 ||
+        (rc = install_drain_helper(st, protocol, pd)) < 0)
         goto done;
     FeederObject *f = PyObject_GC_New(FeederObject, st->StreamFeederType);
     if (f == NULL) {
@@ -1817,8 +1759,6 @@ tl_streams_adopt(LoopObject *loop, PyObject *protocol, PyObject **cproto)
     f->loop = (LoopObject *)Py_NewRef((PyObject *)loop);
     f->protocol = Py_NewRef(protocol);
     f->reader_ref = Py_NewRef(wr);
-    f->writer_pending = 1;
-    loop->streams_pending++;
     TL_ATOMIC_ADD(&st->s_adopted, 1);
     PyObject_GC_Track(f);
     *cproto = (PyObject *)f;
@@ -1830,80 +1770,31 @@ done:
     return rc < 0 ? -1 : 0;
 }
 
-/* create_future() while some connection's writer is unseen: is the caller
- * asyncio's StreamWriter.__init__ making the writer of such a connection?
- * Then the writer gets its methods.  Errors propagate (create_future
- * fails, as it would on a MemoryError of its own). */
-int
-tl_streams_writer_made(LoopObject *loop)
-{
-    tl_state *st = loop->state;
-    PyFrameObject *frame = PyEval_GetFrame();
-    if (frame == NULL || st->s_writer_init == NULL)
-        return 0;
-    PyCodeObject *code = PyFrame_GetCode(frame);
-    int ours = (PyObject *)code == st->s_writer_init;
-    Py_DECREF(code);
-    if (!ours)
-        return 0;
-    PyObject *writer = tl_frame_var(frame, st->str_self), *wd = NULL;
-    if (writer == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_NameError))
-            return -1;
-        PyErr_Clear();
-        return 0;
-    }
-    int rc = is_writer(st, writer);
-    if (rc <= 0 || (wd = obj_dict(writer)) == NULL)
-        goto done;
-    PyObject *tr = PyDict_GetItemWithError(wd, st->str_t_transport);
-    PyObject *proto = PyDict_GetItemWithError(wd, st->str_s_protocol);
-    if (tr == NULL || proto == NULL || !Py_IS_TYPE(tr, st->SocketTransportType)) {
-        rc = PyErr_Occurred() ? -1 : 0;
-        goto done;
-    }
-    TransportObject *t = (TransportObject *)tr;
-    FeederObject *f = (FeederObject *)t->cproto;
-    if (f == NULL || !Py_IS_TYPE(f, st->StreamFeederType) || !f->writer_pending ||
-        f->protocol != proto)
-        goto done;
-    rc = install_methods(st, writer, wd, K_FIRST_WRITER, K_COUNT);
-    if (rc >= 0)
-        feeder_writer_seen(f);
-    if (rc > 0)
-        TL_ATOMIC_ADD(&st->s_writers, 1);
-done:
-    Py_XDECREF(wd);
-    Py_DECREF(writer);
-    return rc < 0 ? -1 : 0;
-}
-
 /* ---- setup (tideloop._streams) ---- */
 
-/* _streams_setup(on, StreamReader, StreamReaderProtocol, StreamWriter,
- *                reader_check, protocol_check, writer_check, originals,
- *                IncompleteReadError, LimitOverrunError, writer_init_code,
+/* _streams_setup(on, StreamReader, StreamReaderProtocol, reader_check,
+ *                protocol_check, originals, IncompleteReadError,
+ *                LimitOverrunError,
  *                (inspect's coroutine mark, asyncio's _is_coroutine))
  * The checks are ((name, function), ...); originals are asyncio's function
- * per method kind (read, readline, readexactly, readuntil, write,
- * writelines, drain). */
+ * per method kind (read, readline, readexactly, readuntil, _drain_helper). */
 static PyObject *
 streams_setup(PyObject *module, PyObject *args)
 {
     tl_state *st = PyModule_GetState(module);
     int on;
-    PyObject *rt, *pt, *wt, *rc, *pc, *wc, *orig, *inc, *over, *init, *marks;
-    if (!PyArg_ParseTuple(args, "pO!O!O!O!O!O!O!OOOO!:_streams_setup", &on,
-                          &PyType_Type, &rt, &PyType_Type, &pt, &PyType_Type, &wt,
-                          &PyTuple_Type, &rc, &PyTuple_Type, &pc, &PyTuple_Type, &wc,
-                          &PyTuple_Type, &orig, &inc, &over, &init, &PyTuple_Type, &marks))
+    PyObject *rt, *pt, *rc, *pc, *orig, *inc, *over, *marks;
+    if (!PyArg_ParseTuple(args, "pO!O!O!O!O!OOO!:_streams_setup", &on,
+                          &PyType_Type, &rt, &PyType_Type, &pt,
+                          &PyTuple_Type, &rc, &PyTuple_Type, &pc,
+                          &PyTuple_Type, &orig, &inc, &over, &PyTuple_Type, &marks))
         return NULL;
     if (PyTuple_GET_SIZE(marks) != 2) {
         PyErr_SetString(PyExc_TypeError, "_streams_setup: two markers");
         return NULL;
     }
-    PyObject *checks[3] = {rc, pc, wc};
-    for (int i = 0; i < 3; i++)
+    PyObject *checks[2] = {rc, pc};
+    for (int i = 0; i < 2; i++)
         for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(checks[i]); j++) {
             PyObject *pair = PyTuple_GET_ITEM(checks[i], j);
             if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
@@ -1913,7 +1804,7 @@ streams_setup(PyObject *module, PyObject *args)
             }
         }
     if (PyTuple_GET_SIZE(orig) != K_COUNT || !PyExceptionClass_Check(inc) ||
-        !PyExceptionClass_Check(over) || !(init == Py_None || PyCode_Check(init))) {
+        !PyExceptionClass_Check(over)) {
         PyErr_SetString(PyExc_TypeError, "_streams_setup: bad arguments");
         return NULL;
     }
@@ -1957,17 +1848,13 @@ streams_setup(PyObject *module, PyObject *args)
     Py_XSETREF(st->s_loop_cf, lc);
     Py_XSETREF(st->s_reader_type, Py_NewRef(rt));
     Py_XSETREF(st->s_protocol_type, Py_NewRef(pt));
-    Py_XSETREF(st->s_writer_type, Py_NewRef(wt));
     Py_XSETREF(st->s_reader_check, Py_NewRef(rc));
     Py_XSETREF(st->s_protocol_check, Py_NewRef(pc));
-    Py_XSETREF(st->s_writer_check, Py_NewRef(wc));
     Py_XSETREF(st->s_originals, Py_NewRef(orig));
     Py_XSETREF(st->s_incomplete, Py_NewRef(inc));
     Py_XSETREF(st->s_overrun, Py_NewRef(over));
-    Py_XSETREF(st->s_writer_init, init == Py_None ? NULL : Py_NewRef(init));
     TL_ATOMIC_SET(&st->s_reader_tag, 0u);
     TL_ATOMIC_SET(&st->s_protocol_tag, 0u);
-    TL_ATOMIC_SET(&st->s_writer_tag, 0u);
     TL_ATOMIC_SET(&st->streams_on, on);
     Py_RETURN_NONE;
 }
@@ -2001,7 +1888,7 @@ streams_stats(PyObject *module, PyObject *Py_UNUSED(ignored))
     tl_state *st = PyModule_GetState(module);
     return Py_BuildValue("{sKsKsKsKsK}",
                          "connections", (unsigned long long)TL_ATOMIC_GET(&st->s_adopted),
-                         "writers", (unsigned long long)TL_ATOMIC_GET(&st->s_writers),
+                         "drain_helpers", (unsigned long long)TL_ATOMIC_GET(&st->s_drain_helpers),
                          "calls_in_c", (unsigned long long)TL_ATOMIC_GET(&st->s_ops_c),
                          "calls_to_asyncio",
                          (unsigned long long)TL_ATOMIC_GET(&st->s_ops_python),
@@ -2011,7 +1898,7 @@ streams_stats(PyObject *module, PyObject *Py_UNUSED(ignored))
 
 const PyMethodDef tl_streams_module_methods[] = {
     {"streams_stats", streams_stats, METH_NOARGS,
-     "Counts of asyncio streams' C data path since import: connections, writers, "
+     "Counts of asyncio streams' C data path since import: connections, drain_helpers, "
      "calls_in_c, calls_to_asyncio, feeds_to_asyncio."},
     {"_streams_setup", streams_setup, METH_VARARGS, NULL},
     {"streams_fast_path", streams_fast_path, METH_NOARGS,
