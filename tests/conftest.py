@@ -109,8 +109,27 @@ def pytest_addoption(parser):
              "--loops tideloop")
 
 
+# Tests of the repository's own tooling (the docs and their tables, the
+# benchmark harness's output, the CI scripts' parsers): marked `checkout`.
+# Nothing in them depends on the interpreter's version, so the README's test
+# command runs them and the version matrix and the sanitizer run, which are
+# there for tideloop's code on each interpreter, leave them out
+# (-m "not checkout").
+CHECKOUT_TESTS = {
+    "test_bench_apps.py", "test_bench_cli.py", "test_bench_interpreters.py",
+    "test_bench_output.py", "test_bench_threads.py", "test_conformance_cleanup.py",
+    "test_docs.py", "test_docs_tables.py", "test_instructions.py", "test_layering.py",
+    "test_matrix_record.py", "test_plot.py", "test_suites_runner.py",
+    "test_test_command.py", "test_tsan_verdict.py", "test_unbuilt_checkout.py",
+}
+
+
 def pytest_collection_modifyitems(config, items):
     _skip_main_interpreter_only(items)
+    for item in items:
+        path = item.path
+        if path.parent.name == "tooling" and path.name in CHECKOUT_TESTS:
+            item.add_marker(pytest.mark.checkout)
     loops = {x.strip() for x in config.getoption("loops").split(",") if x.strip()}
     unknown = loops - set(LOOP_NAMES)
     if unknown or not loops:

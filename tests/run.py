@@ -17,16 +17,16 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def step(name, cmd, log=None):
-    """Run cmd from the checkout; its output goes to the terminal (and to
-    log). Returns (passed, seconds)."""
+def step(name, cmd, log=None, env=None):
+    """Run cmd from the checkout (in env); its output goes to the terminal
+    (and to log). Returns (passed, seconds)."""
     print(f"== {name}: {' '.join(cmd)}", flush=True)
     t0 = time.monotonic()
     if log is None:
-        rc = subprocess.call(cmd, cwd=ROOT)
+        rc = subprocess.call(cmd, cwd=ROOT, env=env)
     else:
         with open(log, "w") as f:
-            p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
+            p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
             for line in p.stdout:
                 sys.stdout.write(line)

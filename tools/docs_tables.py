@@ -773,7 +773,7 @@ def internals_table():
     rows = []
     for call in entries:
         name, kind, what, why, versions, proof, fallback = (ast.literal_eval(a)
-                                                             for a in call.args)
+                                                             for a in call.args[:7])
         rows.append([f"`{name}`", kind, what, why, versions, proof, fallback])
     return table(["name", "chosen", "what (private to CPython)", "what for", "versions",
                   "proven by", "fallback"], rows, left=7) + "\n"

@@ -32,6 +32,14 @@ behavioural subset run inside one on both loops
 ``--subinterpreter-conformance-legs`` CPython's asyncio tests inside one
 (``tests/conformance/run.py --subinterpreter``).
 
+In the portable mode (``--portable-legs``): ``tests/portable.py`` with
+``TIDELOOP_PORTABLE=1`` -- the tests the internals registry names for each
+run-time choice and their test_asyncio modules, or with ``--portable-all``
+the whole suite and conformance run.
+
+A failed step's failing tests (pytest's FAILED/ERROR lines, the conformance
+run's regressions) are printed with its verdict.
+
 Each leg's suite runs in ``--test-workers`` pytest-xdist workers (default 2).
 ``--dev-mode LEG`` runs that leg's suite under ``-X dev`` with
 ``PYTHONMALLOC=debug`` (children inherit the debug allocator).  Legs run
@@ -105,6 +113,20 @@ def find_interpreter(leg, logdir):
     raise ValueError(leg)
 
 
+# What a failed step's log says failed: pytest's short summary lines, the
+# conformance run's regressions, a crash.
+FAILURE_LINE = re.compile(r"^(FAILED |ERROR |REGRESSION|regression|.*Fatal Python error|"
+                          r".*Segmentation fault|.*\[matrix\] timed out)")
+
+
+def failure_lines(logf, offset, limit=25):
+    """The lines of logf past offset that name what failed (at most limit)."""
+    with open(logf, errors="replace") as f:
+        f.seek(offset)
+        found = [ln.rstrip() for ln in f if FAILURE_LINE.match(ln)]
+    return found[:limit] + ([f"... and {len(found) - limit} more"] if len(found) > limit else [])
+
+
 def run(cmd, logf, env=None, cwd=REPO, timeout=None):
     with open(logf, "a") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
@@ -169,10 +191,14 @@ def leg_steps(leg, args, py, env, venv, logf):
 
     def step(name, cmd, **kw):
         t = time.monotonic()
+        offset = os.path.getsize(logf)
         rc = run(cmd, logf, env=kw.pop("env", env), **kw)
         steps[name] = {"rc": rc, "seconds": round(time.monotonic() - t, 1)}
         log(f"{leg}: {name}: {'ok' if rc == 0 else f'FAILED (rc {rc})'} "
             f"({steps[name]['seconds']} s)")
+        if rc != 0:
+            for line in failure_lines(logf, offset):
+                log(f"{leg}:   {line}")
         return rc == 0
 
     vpy = os.path.join(venv, "bin", "python")
@@ -200,8 +226,10 @@ def leg_steps(leg, args, py, env, venv, logf):
         if leg == args.dev_mode:
             cmd += ["-X", "dev"]
             test_env["PYTHONMALLOC"] = "debug"
+        # (the repository's tooling tests are the same on every interpreter:
+        # the 3.11 stage runs them)
         cmd += ["-m", "pytest", "tests", "-q", "-p", "no:cacheprovider",
-                "--ignore=tests/tooling/test_packaging.py"]
+                "--ignore=tests/tooling/test_packaging.py", "-m", "not checkout"]
         if args.test_workers > 1:
             cmd += ["-n", str(args.test_workers)]
         ok_tests = step("suite" + (" (-X dev, debug allocator)" if leg == args.dev_mode else ""),
@@ -235,6 +263,17 @@ def leg_steps(leg, args, py, env, venv, logf):
                 "conformance in a subinterpreter", "conformance-subinterpreter",
                 "--subinterpreter")
             ok = ok and ok_sc
+        if leg in args.portable_legs:
+            pj = os.path.join(logdir, f"portable-{leg}.json")
+            ok_p = step("portable mode" + (" (all)" if args.portable_all else ""),
+                        [vpy, "tests/portable.py", "--jobs", str(max(args.test_workers, 1)),
+                         "--json", pj] + (["--all"] if args.portable_all else []))
+            try:
+                with open(pj) as f:
+                    res["portable"] = json.load(f)
+            except (OSError, ValueError):
+                res["portable"] = None
+            ok = ok and ok_p and res["portable"] is not None
     res["ok"] = ok
     return res
 
@@ -356,6 +395,11 @@ def main(argv=None):
     ap.add_argument("--subinterpreter-conformance-legs", default="", metavar="LEGS",
                     help="comma-separated legs (3.12+) that also run the conformance tests "
                          "inside an isolated subinterpreter (default: none)")
+    ap.add_argument("--portable-legs", default="", metavar="LEGS",
+                    help="comma-separated legs that also run tests/portable.py "
+                         "(TIDELOOP_PORTABLE=1; default: none)")
+    ap.add_argument("--portable-all", action="store_true",
+                    help="the portable run takes the whole suite and conformance run")
     ap.add_argument("--test-workers", type=int, default=2, metavar="N",
                     help="pytest-xdist workers for each leg's suite (1: no xdist; "
                          "default %(default)s: the suite mostly waits on timers and children)")
@@ -398,6 +442,10 @@ def main(argv=None):
     for leg in args.conformance_legs:
         if leg not in legs:
             ap.error(f"--conformance-legs: {leg!r} is not among the legs run ({', '.join(legs)})")
+    args.portable_legs = [x.strip() for x in args.portable_legs.split(",") if x.strip()]
+    for leg in args.portable_legs:
+        if leg not in legs:
+            ap.error(f"--portable-legs: {leg!r} is not among the legs run ({', '.join(legs)})")
     for opt in ("subinterpreter_legs", "subinterpreter_conformance_legs"):
         chosen = [x.strip() for x in getattr(args, opt).split(",") if x.strip()]
         for leg in chosen:

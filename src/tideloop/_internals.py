@@ -17,8 +17,12 @@ import sys
 from . import _compat
 from . import _core
 
+# tests, conformance: for a run-time choice, the behavioural tests (paths
+# under tests/) and CPython's test_asyncio modules that exercise both of its
+# sides: tests/portable.py runs them with TIDELOOP_PORTABLE=1 (the fallback).
 Internal = collections.namedtuple(
-    "Internal", "name kind what why versions proof fallback")
+    "Internal", "name kind what why versions proof fallback tests conformance",
+    defaults=((), ()))
 
 # kind: "run time" (chosen at import, TIDELOOP_PORTABLE takes the fallback),
 # "build time" (compat.h, chosen per version when compiling), "names" (private
@@ -33,14 +37,22 @@ REGISTRY = (
         "tideloop/_tls.py at import: the same OPENSSL_VERSION, the pointers linked as "
         "_ssl links them, a ClientHello made in C seen in Python's MemoryBIO, errors "
         "made in C equal to _ssl's",
-        "the sslobject route (_ssl's methods called from C)"),
+        "the sslobject route (_ssl's methods called from C)",
+        ("tests/net/test_tls.py", "tests/net/test_tls_close.py", "tests/net/test_tls_faults.py",
+         "tests/net/test_tls_flow.py", "tests/net/test_tls_routes.py",
+         "tests/net/test_tls_setup.py", "tests/net/test_tls_verify.py"),
+        ("test_ssl", "test_sslproto")),
     Internal(
         "context_layout", "run time",
         "the Context object's fields and the thread state's current context",
         "a callback's context snapshot without PyContext_CopyCurrent()'s allocation",
         "3.11-3.15",
         "handle.c at import: a new Context entered and left, its fields read back",
-        "PyContext_CopyCurrent() and PyContext_Enter()/Exit() (public)"),
+        "PyContext_CopyCurrent() and PyContext_Enter()/Exit() (public)",
+        ("tests/loop/test_context_snapshots.py", "tests/net/test_tcp_context.py",
+         "tests/net/test_server_context.py", "tests/loop/test_scheduling.py",
+         "tests/loop/test_threadsafe.py"),
+        ("test_context", "test_tasks", "test_eager_task_factory")),
     Internal(
         "streams_c_path", "run time",
         "asyncio.streams' private attributes (StreamReader._buffer, _waiter, ...; "
@@ -49,7 +61,10 @@ REGISTRY = (
         "3.11-3.15",
         "tideloop/_streams.py at import: each method is asyncio.streams' own; the core "
         "checks the classes' version tags before every use",
-        "asyncio's own StreamReader and StreamWriter code (also TIDELOOP_STREAMS=0)"),
+        "asyncio's own StreamReader and StreamWriter code (also TIDELOOP_STREAMS=0)",
+        ("tests/net/test_streams.py", "tests/net/test_streams_c.py",
+         "tests/fuzz/test_streams_fuzz.py"),
+        ("test_streams",)),
     Internal(
         "sslproto_state", "names",
         "asyncio.sslproto.SSLProtocol's private state and methods (_state, _sslobj, "

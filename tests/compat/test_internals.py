@@ -19,8 +19,23 @@ def test_every_private_build_time_choice_is_registered():
     registered = {i.name for i in _internals.REGISTRY}
     assert set(_core.compat) - PUBLIC_BUILD_ENTRIES <= registered
     for entry in _internals.REGISTRY:
-        assert all(entry), entry            # every field said
+        assert all(entry[:7]), entry        # every field said
         assert entry.kind in ("run time", "build time", "names")
+
+
+def test_every_run_time_choice_names_the_tests_of_its_fallback():
+    # tests/portable.py runs them with TIDELOOP_PORTABLE=1 on every leg
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for entry in _internals.REGISTRY:
+        if entry.kind != "run time":
+            assert not entry.tests and not entry.conformance, entry.name
+            continue
+        assert entry.tests and entry.conformance, entry.name
+        for path in entry.tests:
+            assert os.path.isfile(os.path.join(root, path)), path
+        for module in entry.conformance:
+            assert module.startswith("test_"), module
 
 
 def test_state_covers_the_registry_and_the_probes():
@@ -72,3 +87,14 @@ def test_info_says_what_runs_here(portable):
     if portable == "1":
         assert "  tls_openssl" in out and "no: route sslobject" in out
         assert "no: PyContext_CopyCurrent()" in out and "no: asyncio's code" in out
+
+
+def test_the_portable_run_selects_what_the_registry_names():
+    # tests/portable.py reads the registry without importing tideloop
+    import portable
+    paths, modules = portable.selection()
+    named = [p for entry in _internals.REGISTRY for p in entry.tests]
+    assert set(paths) == set(named) | set(portable.ALWAYS)
+    wanted = {m for entry in _internals.REGISTRY for m in entry.conformance}
+    assert set(modules) <= wanted and {"test_ssl", "test_streams", "test_tasks"} <= set(modules)
+    assert [row[0] for row in portable.registry()] == [e.name for e in _internals.REGISTRY]

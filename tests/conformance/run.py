@@ -736,7 +736,9 @@ def run_all(args, modules, sides, known, workdir):
                             k = "  [known: %s]" % r["known_reason"] if r.get("known") else ""
                             print("  " + one_line(r) + k)
         elif new_regs:
-            print(f"\n{len(new_regs)} regression(s) not in the known list; --verbose lists them")
+            print(f"\n{len(new_regs)} regression(s) not in the known list:")
+            for r in new_regs[:50]:
+                print("REGRESSION " + one_line(r))
         # known entries for the modules that ran which no longer fail
         failing = [r["key"] for d in report["modules"].values()
                    for r in d["regressions"] + d["nyi"] + d["skipped_on_tideloop"]]
