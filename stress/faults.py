@@ -20,8 +20,10 @@ exit codes and timers.  Two sets of faults, each on both loops:
 
 The verdict, per run: the child ended by itself (no crash signal, no hang
 past its deadline), 0 corrupt transfers, 0 hangs of an operation, and for
-the safe set 0 failed operations.  The report lists every injected fault
-by call and kind (summed over the child's processes).
+the safe set 0 failed operations; the exit status counts tideloop's runs
+(the stock loop's are the reference: its failures are listed, not counted).
+The report lists every injected fault by call and kind (summed over the
+child's processes) and, per operation, the exceptions each loop raised.
 
     python stress/faults.py                 # both sets, both loops, 30 s each
     python stress/faults.py --ci            # CI's bounded run (about 2 minutes)
@@ -62,6 +64,8 @@ EXPECTED_FAILURES = {"ConnectionResetError", "BrokenPipeError", "ConnectionAbort
 # epoll_ctl) waits for ever on the stock loop too; it counts as a failure of
 # that operation (TimeoutError).  Under the safe set nothing may hang.
 OP_TIMEOUT = 10.0
+CLOSE_TIMEOUT = 5.0
+REFERENCE = "asyncio"
 
 
 def build(out_dir):
@@ -124,9 +128,19 @@ class Lost(Exception):
 SABOTAGE = [0]      # --sabotage: the echo servers flip a bit now and then
 
 
+# The echo servers' open connections: aborted at the end of the run, whose
+# last faults may have left some that neither side will ever close (a
+# reader that could not be added), where Server.wait_closed() would wait.
+ECHO_TRANSPORTS = set()
+
+
 class Echo(asyncio.Protocol):
     def connection_made(self, transport):
         self.transport = transport
+        ECHO_TRANSPORTS.add(transport)
+
+    def connection_lost(self, exc):
+        ECHO_TRANSPORTS.discard(self.transport)
 
     def data_received(self, data):
         if SABOTAGE[0]:
@@ -171,11 +185,16 @@ async def stream_round_trip(rng, open_conn):
         if got.digest() != sent.digest():
             raise Corrupt("echoed bytes differ")
     finally:
+        # Bounded: after a fault a close may never complete on either loop
+        # (a TLS close_notify or buffered bytes the peer will not read);
+        # then the connection is aborted.
         writer.close()
         try:
-            await writer.wait_closed()
+            await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT)
         except (OSError, ssl.SSLError):
             pass
+        except asyncio.TimeoutError:
+            writer.transport.abort()
     return total
 
 
@@ -287,7 +306,10 @@ async def workload(loop, seconds, seed, arm, fault_set):
         os.unlink(arm)              # no faults while closing and reporting
         for server in (tcp, unix, tls):
             server.close()
-            await server.wait_closed()
+        for transport in list(ECHO_TRANSPORTS):
+            transport.abort()
+        for server in (tcp, unix, tls):
+            await asyncio.wait_for(server.wait_closed(), CLOSE_TIMEOUT)
         udp.close()
         shutil.rmtree(workdir, ignore_errors=True)
     return out
@@ -412,6 +434,36 @@ def report(runs):
                     kinds[exc] = kinds.get(exc, 0) + n
             print("  %-9s %s" % (run["loop"], ", ".join(
                 "%s %d" % kv for kv in sorted(kinds.items())) or "none"))
+    rows, differ = error_comparison(runs)
+    if rows:
+        print("\nper operation, the exceptions each loop raised (failing set; the same "
+              "seed, so the same faults in the same order of calls):")
+        for what, per_loop in rows:
+            print("  %-22s %s" % (what, "  |  ".join(
+                "%s: %s" % (loop, ", ".join("%s %d" % kv for kv in sorted(excs.items()))
+                            or "-") for loop, excs in sorted(per_loop.items()))))
+        print("  exceptions tideloop raised that the stock loop never raised for that "
+              "operation: %s" % (", ".join("%s %s" % d for d in differ) or "none"))
+
+
+def error_comparison(runs):
+    """The failing set's exceptions per operation and loop: ([(operation,
+    {loop: {exception: count}})], [(operation, exception)] that tideloop
+    raised where the stock loop failed that operation too, but never so)."""
+    per_op = {}
+    for run in runs:
+        if run["set"] != "failing" or not run["result"]:
+            continue
+        for what, excs in run["result"]["failures"].items():
+            mine = per_op.setdefault(what, {}).setdefault(run["loop"], {})
+            for exc, n in excs.items():
+                mine[exc] = mine.get(exc, 0) + n
+    differ = []
+    for what, per_loop in sorted(per_op.items()):
+        stock, ours = per_loop.get("asyncio"), per_loop.get("tideloop")
+        if stock and ours:
+            differ += [(what, exc) for exc in sorted(set(ours) - set(stock))]
+    return sorted(per_op.items()), differ
 
 
 def main(argv=None):
@@ -451,8 +503,14 @@ def main(argv=None):
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report(runs)
-    failed = [r for r in runs if verdict(r)]
-    for r in failed:
+    # The stock loop's runs are the reference (the exceptions it raises for
+    # the same faults): their failures are shown, and are not tideloop's.
+    failed = [r for r in runs if verdict(r) and r["loop"] != REFERENCE]
+    reference_failed = [r for r in runs if verdict(r) and r["loop"] == REFERENCE]
+    if reference_failed:
+        print("\nthe stock loop (the reference, not counted) failed: " + "; ".join(
+            "%s faults: %s" % (r["set"], "; ".join(verdict(r))) for r in reference_failed))
+    for r in failed + reference_failed:
         if r["stderr"].strip():
             print("\n--- %s, %s faults: the child's stderr (end) ---\n%s" % (
                 r["loop"], r["set"], r["stderr"]))

@@ -34,9 +34,18 @@ def test_a_short_run_passes_on_both_loops():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="an LD_PRELOAD interposer")
 def test_corruption_fails_the_run():
-    p = run("--sets", "safe", "--loops", "asyncio", "--sabotage")
+    p = run("--sets", "safe", "--loops", "tideloop", "--sabotage")
     assert p.returncode == 1, p.stdout[-3000:]
     assert "FAIL: corrupt transfers" in p.stdout
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="an LD_PRELOAD interposer")
+def test_the_stock_loop_is_the_reference_not_the_verdict():
+    # its failures are shown, the exit status is tideloop's
+    p = run("--sets", "safe", "--loops", "asyncio", "--sabotage")
+    assert p.returncode == 0, p.stdout[-3000:]
+    assert "FAIL: corrupt transfers" in p.stdout
+    assert "the stock loop (the reference, not counted) failed" in p.stdout
 
 
 def a_run(**kw):
@@ -80,3 +89,17 @@ def test_failures_are_allowed_under_the_failing_set():
     run = a_run(set="failing", failed={"tcp": 2},
                 failures={"tcp": {"ConnectionResetError": 1, "TimeoutError": 1}})
     assert faults.verdict(run) == []
+
+
+def test_error_comparison_names_what_only_tideloop_raised():
+    runs = [a_run(loop="asyncio", set="failing", failures={
+                "tcp": {"ConnectionResetError": 2}, "udp": {"OSError": 1}}),
+            a_run(loop="tideloop", set="failing", failures={
+                "tcp": {"ConnectionResetError": 1, "BrokenPipeError": 1},
+                "pipe": {"BrokenPipeError": 1}}),
+            a_run(loop="tideloop", set="safe", failures={"tcp": {"KeyError": 1}})]
+    rows, differ = faults.error_comparison(runs)
+    assert dict(rows)["tcp"] == {"asyncio": {"ConnectionResetError": 2},
+                                 "tideloop": {"ConnectionResetError": 1, "BrokenPipeError": 1}}
+    # pipe: the stock loop never failed it, so nothing to compare with
+    assert differ == [("tcp", "BrokenPipeError")]
