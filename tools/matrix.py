@@ -308,7 +308,7 @@ def summarize_conformance(data):
             "modules": len(data.get("modules", {}))}
 
 
-def recorded_leg(leg, pytest_log, conformance_json, seconds):
+def recorded_leg(leg, pytest_log, conformance_json, seconds, portable_json=None):
     """A leg that ran outside the matrix (CI's 3.11 stage: the README's test
     command, on the interpreter running this script), as a result record."""
     ft = not getattr(sys, "_is_gil_enabled", lambda: True)()
@@ -328,6 +328,13 @@ def recorded_leg(leg, pytest_log, conformance_json, seconds):
         conf_ok = c.get("regressions") == 0 and bool(c.get("modules"))
         res["steps"]["conformance"] = {"rc": 0 if conf_ok else 1}
         ok = ok and conf_ok
+    if portable_json:
+        try:
+            with open(portable_json) as f:
+                res["portable"] = json.load(f)
+        except (OSError, ValueError):
+            res["portable"] = None
+        ok = ok and bool((res["portable"] or {}).get("ok"))
     res["ok"] = ok
     return res
 
@@ -349,13 +356,22 @@ def _subinterpreter_cell(r):
     return "; ".join(parts) or "-"
 
 
+def _portable_cell(r):
+    """The portable mode's column: its verdict and what it ran; - where not run."""
+    p = r.get("portable")
+    if not p:
+        return "-"
+    what = "whole suite and conformance" if p.get("scope") == "all" else "registry's tests"
+    return "{} ({})".format("ok" if p.get("ok") else "FAILED", what)
+
+
 def markdown_report(results):
     """The README's "Supported versions" table, from a --json file."""
     lines = ["| leg | interpreter | build, import -W error | behavioural suite "
              "(passed / failed / skipped / xfailed) | conformance: stock passed | "
              "tideloop passed | regressions | in an isolated interpreter "
-             "(passed asyncio/tideloop) | result |",
-             "|:---|:---|:---|:---|---:|---:|---:|:---|:---|"]
+             "(passed asyncio/tideloop) | portable mode | result |",
+             "|:---|:---|:---|:---|---:|---:|---:|:---|:---|:---|"]
     for r in results:
         pc = r.get("pytest", {})
         c = r.get("conformance") or {}
@@ -367,10 +383,10 @@ def markdown_report(results):
             pc.get("passed", 0), pc.get("failed", 0) + pc.get("error", 0) + pc.get("errors", 0),
             pc.get("skipped", 0), pc.get("xfailed", 0))
         dev = " (-X dev, debug allocator)" if any("-X dev" in k for k in steps) else ""
-        lines.append("| {} | {} | {} | {}{} | {} | {} | {} | {} | {} |".format(
+        lines.append("| {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} |".format(
             r["leg"], r.get("python", "?"), "ok" if built else "FAILED", suite, dev,
             tot.get("stock", {}).get("passed", "-"), tot.get("tideloop", {}).get("passed", "-"),
-            c.get("regressions", "-"), _subinterpreter_cell(r),
+            c.get("regressions", "-"), _subinterpreter_cell(r), _portable_cell(r),
             "ok" if r.get("ok") else "FAILED"))
     return "\n".join(lines)
 
@@ -411,6 +427,7 @@ def main(argv=None):
                          "(status 1 unless it passed)")
     ap.add_argument("--pytest-log", metavar="LOG")
     ap.add_argument("--conformance-json", metavar="JSON")
+    ap.add_argument("--portable-json", metavar="JSON", help="tests/portable.py --json")
     ap.add_argument("--seconds", type=float, default=0.0)
     ap.add_argument("--report", metavar="JSON",
                     help="print the markdown table of a --json file and exit "
@@ -425,7 +442,7 @@ def main(argv=None):
         if not (args.pytest_log and args.json):
             ap.error("--record-leg needs --pytest-log and --json")
         rec = recorded_leg(args.record_leg, args.pytest_log, args.conformance_json,
-                           args.seconds)
+                           args.seconds, args.portable_json)
         with open(args.json, "w") as f:
             json.dump([rec], f, indent=1)
         return 0 if rec["ok"] else 1

@@ -71,3 +71,27 @@ def test_the_isolated_interpreter_column(tmp_path):
     assert "in an isolated interpreter" in lines[0]
     assert "| suite 692/849, 1 regr.; conformance 10/10, 0 regr. |" in lines[2]
     assert lines[3].count("| - |") >= 1
+
+
+def test_the_portable_mode_column_and_its_verdict(tmp_path):
+    # tests/portable.py's --json: its verdict joins the row's; the column
+    # says what ran, "-" where the leg did not run it
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    try:
+        import matrix
+    finally:
+        sys.path.pop(0)
+    log = tmp_path / "pytest.log"
+    log.write_text("....\n2276 passed in 584.61s (0:09:44)\n")
+    for ok in (True, False):
+        (tmp_path / "p.json").write_text(json.dumps({"scope": "registry", "ok": ok}))
+        rec = matrix.recorded_leg("3.11", str(log), None, 1.0, str(tmp_path / "p.json"))
+        assert rec["ok"] is ok
+    rec = matrix.recorded_leg("3.11", str(log), None, 1.0, str(tmp_path / "missing.json"))
+    assert not rec["ok"] and rec["portable"] is None
+    row = {"leg": "3.15", "python": "3.15.2", "ok": True, "steps": {}, "recorded": True,
+           "portable": {"scope": "all", "ok": True}}
+    lines = matrix.markdown_report([row, dict(row, portable=None)]).splitlines()
+    assert "| portable mode |" in lines[0]
+    assert "| ok (whole suite and conformance) |" in lines[2]
+    assert "| - | ok |" in lines[3]
