@@ -21,6 +21,16 @@ def record(tmp_path, summary, conformance=None):
     return p.returncode, json.loads((tmp_path / "out.json").read_text())[0]
 
 
+def tools_matrix():
+    """tools/matrix.py, imported."""
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    try:
+        import matrix
+    finally:
+        sys.path.pop(0)
+    return matrix
+
+
 def conformance(regressions):
     counts = {"passed": 10, "failed": 0}
     return {"modules": {"test_events": {"stock": {"counts": counts},
@@ -48,11 +58,7 @@ def test_a_failed_test_or_a_regression_fails_the_row(tmp_path):
 def test_the_isolated_interpreter_column(tmp_path):
     # run_suite.py's report and the subinterpreter conformance's, summarised
     # into the version table's column; "-" on a leg that ran neither.
-    sys.path.insert(0, os.path.join(REPO, "tools"))
-    try:
-        import matrix
-    finally:
-        sys.path.pop(0)
+    matrix = tools_matrix()
     report = tmp_path / "si.json"
     report.write_text(json.dumps({
         "counts": {"asyncio": {"passed": 692}, "tideloop": {"passed": 849}},
@@ -76,11 +82,7 @@ def test_the_isolated_interpreter_column(tmp_path):
 def test_the_portable_mode_column_and_its_verdict(tmp_path):
     # tests/portable.py's --json: its verdict joins the row's; the column
     # says what ran, "-" where the leg did not run it
-    sys.path.insert(0, os.path.join(REPO, "tools"))
-    try:
-        import matrix
-    finally:
-        sys.path.pop(0)
+    matrix = tools_matrix()
     log = tmp_path / "pytest.log"
     log.write_text("....\n2276 passed in 584.61s (0:09:44)\n")
     for ok in (True, False):
