@@ -40,7 +40,10 @@ the whole suite and conformance run.
 A failed step's failing tests (pytest's FAILED/ERROR lines, the conformance
 run's regressions) are printed with its verdict.
 
-Each leg's suite runs in ``--test-workers`` pytest-xdist workers (default 2).
+Each leg's suite runs in ``--test-workers`` pytest-xdist workers (default 2),
+without the repository's tooling tests (marker ``checkout``); legs not in
+``--whole-suite-legs`` (default: all) leave out tests/stress and
+tests/ecosystem as well.
 ``--dev-mode LEG`` runs that leg's suite under ``-X dev`` with
 ``PYTHONMALLOC=debug`` (children inherit the debug allocator).  Legs run
 ``--jobs`` at a time (default 1); their logs go to ``--logdir``.
@@ -66,6 +69,8 @@ CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cac
                      "tideloop-matrix")
 
 LEGS = ["3.11", "3.12", "3.13.0", "3.13", "3.14", "3.15", "3.13t"]
+# Left out of the suite on legs not in --whole-suite-legs.
+LONG_TEST_DIRS = ("stress", "ecosystem")
 INSTALL_LOCK = threading.Lock()
 
 
@@ -230,6 +235,10 @@ def leg_steps(leg, args, py, env, venv, logf):
         # the 3.11 stage runs them)
         cmd += ["-m", "pytest", "tests", "-q", "-p", "no:cacheprovider",
                 "--ignore=tests/tooling/test_packaging.py", "-m", "not checkout"]
+        if leg not in args.whole_suite_legs:
+            # the stress scenarios and the frameworks in real processes: a
+            # third of the suite's time; run on the other legs
+            cmd += [f"--ignore=tests/{d}" for d in LONG_TEST_DIRS]
         if args.test_workers > 1:
             cmd += ["-n", str(args.test_workers)]
         ok_tests = step("suite" + (" (-X dev, debug allocator)" if leg == args.dev_mode else ""),
@@ -411,6 +420,9 @@ def main(argv=None):
     ap.add_argument("--subinterpreter-conformance-legs", default="", metavar="LEGS",
                     help="comma-separated legs (3.12+) that also run the conformance tests "
                          "inside an isolated subinterpreter (default: none)")
+    ap.add_argument("--whole-suite-legs", default=None, metavar="LEGS",
+                    help="legs whose suite includes tests/stress and tests/ecosystem "
+                         "(default: every leg)")
     ap.add_argument("--portable-legs", default="", metavar="LEGS",
                     help="comma-separated legs that also run tests/portable.py "
                          "(TIDELOOP_PORTABLE=1; default: none)")
@@ -459,10 +471,14 @@ def main(argv=None):
     for leg in args.conformance_legs:
         if leg not in legs:
             ap.error(f"--conformance-legs: {leg!r} is not among the legs run ({', '.join(legs)})")
+    args.whole_suite_legs = legs if args.whole_suite_legs is None else [
+        x.strip() for x in args.whole_suite_legs.split(",") if x.strip()]
     args.portable_legs = [x.strip() for x in args.portable_legs.split(",") if x.strip()]
-    for leg in args.portable_legs:
-        if leg not in legs:
-            ap.error(f"--portable-legs: {leg!r} is not among the legs run ({', '.join(legs)})")
+    for opt in ("whole_suite_legs", "portable_legs"):
+        for leg in getattr(args, opt):
+            if leg not in legs:
+                ap.error(f"--{opt.replace('_', '-')}: {leg!r} is not among the legs run "
+                         f"({', '.join(legs)})")
     for opt in ("subinterpreter_legs", "subinterpreter_conformance_legs"):
         chosen = [x.strip() for x in getattr(args, opt).split(",") if x.strip()]
         for leg in chosen:
