@@ -504,7 +504,10 @@ def main(argv=None):
         shutil.rmtree(workdir, ignore_errors=True)
     report(runs)
     # The stock loop's runs are the reference (the exceptions it raises for
-    # the same faults): their failures are shown, and are not tideloop's.
+    # the same faults): their failures are shown, and are not tideloop's
+    # (it loses a wake-up when its self-pipe write fails with the injected
+    # EINTR or EAGAIN, which _write_to_self() swallows: a subprocess wait
+    # then hangs until something else wakes the loop).
     failed = [r for r in runs if verdict(r) and r["loop"] != REFERENCE]
     reference_failed = [r for r in runs if verdict(r) and r["loop"] == REFERENCE]
     if reference_failed:
