@@ -81,7 +81,9 @@ if [ "$WHAT" = all ] || [ "$WHAT" = asan ]; then
     stamp "ASan+UBSan: build"
     copy "$WORK/asan"
     (cd "$WORK/asan" && TIDELOOP_SANITIZE=1 TIDELOOP_DEV=1 "$PY" setup.py -q build_ext --inplace)
-    nm -D "$WORK"/asan/src/tideloop/_core*.so | grep -q __asan_ || { echo "not an ASan build"; exit 1; }
+    # (into a file: under pipefail, grep -q leaving early can fail nm with SIGPIPE)
+    nm -D "$WORK"/asan/src/tideloop/_core*.so > "$WORK/asan-symbols.txt"
+    grep -q __asan_ "$WORK/asan-symbols.txt" || { echo "not an ASan build"; exit 1; }
     stamp "ASan+UBSan: stress scenario j and tests/interpreters on tideloop"
     set +e
     (cd "$WORK/asan" &&
