@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import sys
+import sysconfig
 import warnings
 import weakref
 
@@ -236,6 +237,12 @@ needs_pymalloc = pytest.mark.skipif(
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 RSS_TOLERANCE = 8 * 1024 * 1024
+# On the free-threaded build RSS is not a leak measure: its allocator
+# (mimalloc) keeps freed pages per thread and heap, so RSS moves with what it
+# caches (the stock loop's process grew 12 MiB over two rounds of a workload
+# whose allocated blocks did not grow, in CI's 3.13t leg).  There the block
+# count and the fds are the measure.
+RSS_IS_A_LEAK_MEASURE = not sysconfig.get_config_var("Py_GIL_DISABLED")
 STEP = 5.0
 
 
@@ -265,7 +272,8 @@ def _check(workload, iterations, rounds=2, block_tolerance=None):
         f"allocated blocks grew by {blocks1 - blocks0} "
         f"(tolerance {block_tolerance}, {iterations * rounds} iterations)"
     )
-    assert rss1 - rss0 < RSS_TOLERANCE, f"RSS grew by {(rss1 - rss0) >> 10} KiB"
+    if RSS_IS_A_LEAK_MEASURE:
+        assert rss1 - rss0 < RSS_TOLERANCE, f"RSS grew by {(rss1 - rss0) >> 10} KiB"
 
 
 # --------------------------------------------------------------- workloads
