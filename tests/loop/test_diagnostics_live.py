@@ -260,14 +260,18 @@ def test_top_tasks(tmp_path):
 
 
 def test_a_stalled_loop_still_shows_its_health(tmp_path):
-    with child(tmp_path, "call", env={"STALL": "4"}) as (proc, _):
+    # The stall outlasts the checks by far (on a loaded 3.13t, starting the
+    # `top` process alone took longer than a 4 s stall); the child is killed
+    # after them rather than waited for.
+    with child(tmp_path, "call", env={"STALL": "60"}) as (proc, _):
         before = view(proc.pid)["loops"][0]["health"]["iterations"]
-        os.kill(proc.pid, signal.SIGUSR1)          # the loop sleeps 4 s in a callback
+        os.kill(proc.pid, signal.SIGUSR1)          # the loop sleeps in a callback
         time.sleep(0.3)
         t0 = time.monotonic()
         doc = view(proc.pid)
         took = time.monotonic() - t0
         r = top(proc.pid, "--once", "--interval", "0.2")
+        proc.kill()
     assert took < 2.5, took                         # did not wait for the loop
     (loop,) = doc["loops"]
     assert loop["health"]["iterations"] >= before
