@@ -238,6 +238,11 @@ async def pipe_through_cat(rng):
     if proc.returncode != 0:
         raise OSError("cat exited with %d" % proc.returncode)
     if out != data:
+        # A write fault on cat's stdin (EPIPE) ends the input early, and
+        # communicate() swallows BrokenPipeError by design: cat's output is
+        # then a prefix of what was sent -- lost, not corrupted.
+        if data.startswith(out):
+            raise Lost("cat's output stopped after %d of %d bytes" % (len(out), len(data)))
         raise Corrupt("the pipe's bytes differ")
     return len(data)
 
