@@ -223,13 +223,10 @@ enum {
     X(s_buffer, "_buffer") X(s_eof, "_eof") X(s_waiter, "_waiter")         \
     X(s_exception, "_exception") X(s_paused, "_paused")                    \
     X(s_limit, "_limit") X(s_reader_wr, "_stream_reader_wr")               \
-    X(s_protocol, "_protocol") X(s_reader, "_reader")                      \
     X(s_connection_lost, "_connection_lost") X(cancelled, "cancelled")     \
     X(pause_reading, "pause_reading") X(resume_reading, "resume_reading")  \
-    X(create_future, "create_future") X(self, "self") X(throw, "throw")    \
-    X(feed_data, "feed_data") X(writelines, "writelines") X(drain, "drain") \
-    X(readline, "readline") X(readexactly, "readexactly")                  \
-    X(readuntil, "readuntil") X(clear, "clear")                          \
+    X(create_future, "create_future") X(feed_data, "feed_data")            \
+    X(clear, "clear")                                                      \
     X(drain_helper, "_drain_helper")
 
 /* The rest, set up by hand in module.c: field. */

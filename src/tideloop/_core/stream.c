@@ -263,7 +263,7 @@ tl_stream_write_buf(TransportObject *self, const char *buf, Py_ssize_t len)
     return len == 0 ? 0 : write_bytes(self, NULL, buf, len);
 }
 
-PyObject *
+static PyObject *
 tl_stream_write(TransportObject *self, PyObject *data)
 {
     if (tl_tr_check_writable_data(self->loop->state->write_type_error_prefix,
@@ -358,7 +358,7 @@ writelines_views(TransportObject *self, PyObject *list)
     return r;
 }
 
-PyObject *
+static PyObject *
 tl_stream_writelines(TransportObject *self, PyObject *list)
 {
     if (self->loop->state->writelines_views)

@@ -259,9 +259,6 @@ extern PyMemberDef tl_tr_members[];
 extern PyType_Spec tl_socket_transport_spec;          /* stream.c */
 extern const PyMethodDef tl_stream_loop_methods[];
 /* A stream transport for fd (TCP_NODELAY set as asyncio sets it). */
-/* transport.write(data) and writelines(data) (streams.c's StreamWriter). */
-PyObject *tl_stream_write(TransportObject *self, PyObject *data);
-PyObject *tl_stream_writelines(TransportObject *self, PyObject *list);
 /* transport.write() of len bytes at buf, from C (tls.c). */
 int tl_stream_write_buf(TransportObject *self, const char *buf, Py_ssize_t len);
 TransportObject *tl_stream_new(LoopObject *loop, int fd, PyObject *sock,
