@@ -85,18 +85,24 @@ QUICK_CELLS = {PLAIN: ((1024, 10), (102400, 100)),   # (size, conns) pairs with 
 # kind -> {size (None: every size) -> {reference: limit}}: tideloop's CPU per
 # request / the reference's <= limit; for RATE_KINDS tideloop's requests/s /
 # the reference's >= limit.  A cell without targets is informational.
+# PEER is the best (lowest CPU per request) of the loops measured other than
+# asyncio and tideloop: uvloop and the peer loops (harness.PEER_LOOPS).
+PEER = "peer"
 TARGETS = {
-    "protocol": {None: {FLOOR: 1.10, "uvloop": 0.90}},
-    "sockets": {None: {"uvloop": 0.50}},
+    "protocol": {1024: {FLOOR: 1.03, "uvloop": 0.90, PEER: 0.95},
+                 None: {FLOOR: 1.10, "uvloop": 0.90, PEER: 1.00}},
+    "sockets": {1024: {"uvloop": 0.50, PEER: 0.95}, None: {"uvloop": 0.50, PEER: 1.00}},
     # asyncio streams (their C data path): 1 KiB as the C floor allows it
-    "streams": {1024: {FLOOR: 1.50, "uvloop": 0.60}, None: {"uvloop": 0.85}},
+    "streams": {1024: {FLOOR: 1.50, "uvloop": 0.60, PEER: 0.95},
+                None: {"uvloop": 0.85, PEER: 1.00}},
     "buffered": {},
-    "tls-protocol": {1024: {"asyncio": 0.50, FLOOR: 1.30}, 102400: {"asyncio": 0.80}},
+    "tls-protocol": {1024: {"asyncio": 0.50, FLOOR: 1.30, PEER: 0.95},
+                     102400: {"asyncio": 0.80, PEER: 1.00}, None: {PEER: 1.00}},
     "tls-streams": {1024: {"asyncio": 0.70}},
     HANDSHAKE: {None: {"asyncio": 1.20}},
 }
 RATE_KINDS = {HANDSHAKE}
-REF_LABEL = {"asyncio": "aio", "uvloop": "uv", FLOOR: "C"}
+REF_LABEL = {"asyncio": "aio", "uvloop": "uv", FLOOR: "C", PEER: "best peer"}
 
 
 def family(kind):
@@ -274,17 +280,35 @@ def _ratio(row, a, b):
     return harness.ratio(row["cpu_us_per_req"].get(a), row["cpu_us_per_req"].get(b))
 
 
+def best_peer(row, metric):
+    """The loop other than asyncio and tideloop (and the C floor) with the
+    best ``metric`` in the row (lowest CPU, highest rate), or None."""
+    figures = {n: x for n, x in row[metric].items()
+               if n not in ("asyncio", "tideloop", FLOOR) and x is not None}
+    if not figures:
+        return None
+    pick = max if metric == "rps" else min
+    return pick(figures, key=figures.get)
+
+
 def _verdict(row):
     row["tl_vs_asyncio"] = _ratio(row, "tideloop", "asyncio")
     row["tl_vs_uvloop"] = _ratio(row, "tideloop", "uvloop")
     row["tl_vs_c"] = _ratio(row, "tideloop", FLOOR)
     targets = targets_for(row["kind"], row["size"])
     rate = row["kind"] in RATE_KINDS
+    metric = "rps" if rate else "cpu_us_per_req"
+    row["best_peer"] = best_peer(row, metric)
+    row["tl_vs_best_peer"] = (None if row["best_peer"] is None else
+                              _ratio(row, "tideloop", row["best_peer"]))
+    if row["best_peer"] is None:
+        targets.pop(PEER, None)          # nothing but asyncio measured beside tideloop
     row["targets"] = targets
-    row["target_metric"] = "rps" if rate else "cpu_us_per_req"
+    row["target_metric"] = metric
     # the ratios the targets are checked on: tideloop / reference, of that metric
-    row["checked"] = {ref: harness.ratio(row[row["target_metric"]].get("tideloop"),
-                                         row[row["target_metric"]].get(ref))
+    row["checked"] = {ref: harness.ratio(row[metric].get("tideloop"),
+                                         row[metric].get(row["best_peer"] if ref == PEER
+                                                         else ref))
                       for ref in targets}
     if "tideloop" in row["errors"]:
         row["verdict"] = "ERROR"
@@ -335,6 +359,13 @@ def _fmt_target(row):
     return ", ".join(parts)
 
 
+def _fmt_best_peer(row):
+    """tideloop / the best peer, with the peer's name: "0.93x blazio"."""
+    if row.get("best_peer") is None:
+        return "-"
+    return f"{harness.fmt_ratio(row['tl_vs_best_peer'])} {row['best_peer']}"
+
+
 def _progress(row, loops):
     bits = []
     for n in list(loops) + [FLOOR]:
@@ -356,7 +387,7 @@ def _table(rows, loops, floor):
     header = (["kind", "size", "conns"]
               + [f"{label.get(c, c)} rps" for c in cols]
               + [f"{label.get(c, c)} us/req" for c in cols]
-              + ["tl/aio", "tl/uv", "tl/C", "target (CPU/req)", "result"])
+              + ["tl/aio", "tl/uv", "tl/C", "tl/best peer", "target (CPU/req)", "result"])
     body = []
     for r in rows:
         cells = [r["kind"], harness.fmt_size(r["size"]), str(r["conns"])]
@@ -365,7 +396,7 @@ def _table(rows, loops, floor):
         for c in cols:
             cells.append("ERROR" if c in r["errors"] else _fmt_us(r["cpu_us_per_req"].get(c)))
         cells += [harness.fmt_ratio(r["tl_vs_asyncio"]), harness.fmt_ratio(r["tl_vs_uvloop"]),
-                  harness.fmt_ratio(r["tl_vs_c"]), _fmt_target(r),
+                  harness.fmt_ratio(r["tl_vs_c"]), _fmt_best_peer(r), _fmt_target(r),
                   harness.result_cell(r["verdict"], r["tl_vs_asyncio"], loops)]
         body.append(cells)
     return header, body
@@ -373,12 +404,13 @@ def _table(rows, loops, floor):
 
 def format_text(rows, loops, floor):
     header, body = _table(rows, loops, floor)
-    return harness.text_table(header, body, left={0, len(header) - 2})
+    return harness.text_table(header, body, left={0, len(header) - 3, len(header) - 2})
 
 
 def format_markdown(rows, loops, floor):
     header, body = _table(rows, loops, floor)
-    return harness.markdown_table(header, body, left={0, len(header) - 2, len(header) - 1})
+    return harness.markdown_table(header, body, left={0, len(header) - 3, len(header) - 2,
+                                                           len(header) - 1})
 
 
 def reproduce_command(args, cfg):
@@ -476,7 +508,7 @@ def main(argv=None):
     programs = sorted({name for fam in families for name in C_PROGRAMS[fam]
                        if cfg.floor or "loadgen" in name})
     paths = procs.build_c(HERE, programs, "net.py", force=args.rebuild, log=log)
-    versions = procs.loop_versions(cfg.python, cfg.env, ROOT)
+    versions = procs.loop_versions(cfg.python, cfg.env, ROOT, cfg.loops)
     cfg.loops, skipped = procs.measurable_loops(cfg.loops, versions)
     core = procs.CoreWatch(versions, cfg.loops)
     cpus = harness.usable_cpus()

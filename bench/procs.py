@@ -81,17 +81,18 @@ def worker_env(src):
 
 
 _VERSIONS_CODE = """\
-import json
+import json, sys
 from tideloop._bench import harness
-print(json.dumps(harness.loop_versions()))
+print(json.dumps(harness.loop_versions(sys.argv[1:] or harness.ALL_LOOPS)))
 """
 
 
-def loop_versions(python, env, cwd):
-    """What each loop name resolves to in the workers' environment
-    (harness.loop_versions run there), or {"error": ...}."""
+def loop_versions(python, env, cwd, loops=()):
+    """What each loop name (``loops``, or harness.ALL_LOOPS) resolves to in
+    the workers' environment (harness.loop_versions run there), or
+    {"error": ...}."""
     try:
-        proc = subprocess.run([python, "-c", _VERSIONS_CODE],
+        proc = subprocess.run([python, "-c", _VERSIONS_CODE, *loops],
                               capture_output=True, text=True, env=env, cwd=cwd, timeout=60)
         return json.loads(proc.stdout)
     except Exception as exc:
@@ -137,7 +138,8 @@ def log_loop_versions(log, loops, versions, whose, skipped=None):
     for name in loops:
         log(f"  {name:<9} {versions.get(name, '?')}\n")
     for name, why in (skipped or {}).items():
-        log(f"  {name:<9} skipped: {why} ({harness.BENCH_EXTRA})\n")
+        extra = harness.BENCH_EXTRA if name in harness.ALL_LOOPS else harness.PEERS_EXTRA
+        log(f"  {name:<9} skipped: {why} ({extra})\n")
     if not loops:
         log("no loop to measure\n")
         return False
@@ -235,8 +237,9 @@ def driver_config(args, choices, what, durations, warmups, src):
     floor, the workers' interpreter and environment.  None after a usage
     error (said on stderr)."""
     cfg = Config()
-    cfg.loops = harness.pick(args.loops, harness.ALL_LOOPS, "loop", given_order=True)
-    if cfg.loops is None:
+    cfg.loops = harness.expand_loops(args.loops)
+    if not cfg.loops:
+        harness.usage_error("--loops names no loop")
         return None
     cfg.only = list(choices)
     if args.only:

@@ -21,6 +21,16 @@ import time
 import traceback
 
 ALL_LOOPS = ("asyncio", "uvloop", "tideloop")
+# The other asyncio loops on PyPI, measured beside these when named in --loops
+# ("peers" names them all, "all" adds them to ALL_LOOPS): each is
+# ``<module>.new_event_loop``; "aiofastnet+uvloop" is uvloop's loop with
+# aiofastnet's transports patched on (aiofastnet.loop_factory).  Any other
+# importable module with a new_event_loop (or "module:callable") works too.
+# The bench-peers extra installs those with wheels for the interpreter.
+PEER_LOOPS = ("zuvloop", "blazio", "rsloop", "rloop", "zloop", "aiofastnet+uvloop")
+PEERS_EXTRA = "pip install 'tideloop[bench-peers]'"
+# Patchers: "<patcher>+<loop>" is loop <loop> made by the patcher's factory.
+PATCHERS = {"aiofastnet": lambda base: __import__("aiofastnet").loop_factory(base)}
 
 # The checkout this file is in, if it is one (src/tideloop/_bench/harness.py).
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -41,7 +51,38 @@ def loop_factory(name):
     if name == "tideloop":
         import tideloop
         return getattr(tideloop, "new_event_loop", None) or tideloop.Loop
-    raise ValueError(f"unknown loop {name!r} (choose from {', '.join(ALL_LOOPS)})")
+    patcher, plus, base = name.partition("+")
+    if plus:
+        if patcher not in PATCHERS:
+            raise ValueError(f"unknown loop {name!r}: {patcher!r} is not a known patcher "
+                             f"(choose from {', '.join(PATCHERS)})")
+        return PATCHERS[patcher](loop_factory(base))
+    module, _, attr = name.partition(":")
+    if not module.replace("_", "a").replace(".", "a").isalnum():
+        raise ValueError(f"unknown loop {name!r} (choose from {', '.join(ALL_LOOPS)}, "
+                         f"a peer ({', '.join(PEER_LOOPS)}) or an importable module)")
+    import importlib
+    return getattr(importlib.import_module(module), attr or "new_event_loop")
+
+
+def expand_loops(text):
+    """The loop names of a --loops value: "peers" stands for PEER_LOOPS and
+    "all" for ALL_LOOPS and PEER_LOOPS."""
+    out = []
+    for x in (x.strip() for x in text.split(",")):
+        out += (list(PEER_LOOPS) if x == "peers" else
+                list(ALL_LOOPS + PEER_LOOPS) if x == "all" else [x] if x else [])
+    return list(dict.fromkeys(out))
+
+
+def distribution_version(module):
+    """The installed version of the distribution that provides ``module``."""
+    from importlib import metadata
+    try:
+        return metadata.version(module)
+    except Exception:
+        mod = sys.modules.get(module)
+        return str(getattr(mod, "__version__", "?"))
 
 
 class LoopSpec:
@@ -61,13 +102,16 @@ def exc_reason(exc):
 
 def load_loop(name):
     """A LoopSpec for ``name``: its factory and version, or why it is missing."""
-    if name not in ALL_LOOPS:
-        raise ValueError(f"unknown loop {name!r} (choose from {', '.join(ALL_LOOPS)})")
     try:
         factory = loop_factory(name)
     except Exception as exc:    # ImportError and anything a broken install raises
         why = "not available" if name == "uvloop" else "not importable"
         return LoopSpec(name, error=f"{name} {why} ({exc_reason(exc)})", exc=exc)
+    if name not in ALL_LOOPS:
+        parts = name.split("+")
+        info = " on ".join(f"{p.partition(':')[0]} {distribution_version(p.partition(':')[0])}"
+                           for p in parts)
+        return LoopSpec(name, factory, info)
     if name == "asyncio":
         return LoopSpec(name, factory,
                         f"asyncio.SelectorEventLoop (CPython {platform.python_version()})")
@@ -88,11 +132,11 @@ def load_loop(name):
     return LoopSpec(name, factory, f"tideloop {version}{where}")
 
 
-def loop_versions():
+def loop_versions(names=ALL_LOOPS):
     """{loop: what it resolves to here} and "tideloop_core": the built core's
     path (procs.loop_versions runs this in the workers' environment)."""
     out = {}
-    for name in ALL_LOOPS:
+    for name in names:
         spec = load_loop(name)
         out[name] = spec.info if spec.error is None else f"not importable: {spec.exc!r}"
     core = sys.modules.get("tideloop._core")
@@ -279,7 +323,9 @@ def add_verdict_options(parser):
 def worker_parser(doc, loops, kinds, port_help):
     """A worker's command line: --loop, --kind, --port, --host."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    p.add_argument("--loop", choices=loops, required=True)
+    p.add_argument("--loop", required=True,
+                   help="a loop's name: " + ", ".join(loops) + ", a peer loop ("
+                   + ", ".join(PEER_LOOPS) + ") or any module with new_event_loop")
     p.add_argument("--kind", choices=kinds, required=True)
     p.add_argument("--port", type=int, default=0, help=port_help)
     p.add_argument("--host", default="127.0.0.1")

@@ -747,9 +747,9 @@ def run_from_args(args, invocation=("-m", "tideloop", "bench")):
         if bad_plot is not None:
             return bad_plot
 
-    wanted = harness.pick(args.loops, ALL_LOOPS, "loop", given_order=True)
-    if wanted is None:
-        return 2
+    wanted = harness.expand_loops(args.loops)
+    if not wanted:
+        return harness.usage_error("--loops names no loop")
     benches = list(BENCHMARKS)
     if args.only:
         chosen = harness.pick(args.only, _BY_NAME, "benchmark")
