@@ -416,6 +416,66 @@ def test_drain_waits_while_the_peer_does_not_read(loop, streams_path):
     arun(loop, main())
 
 
+async def paused_writer(writer):
+    """Fill the transport's buffer past a small high-water mark: the
+    protocol is paused and drain() waits until the peer reads."""
+    writer.transport.set_write_buffer_limits(high=1024)
+    while writer.transport.get_write_buffer_size() <= 1024:
+        writer.write(b"z" * 65536)
+
+
+async def read_until_done(peer, tasks):
+    peer.setblocking(False)
+    while not all(t.done() for t in tasks):
+        try:
+            peer.recv(1 << 20)
+        except BlockingIOError:
+            await asyncio.sleep(0.001)
+    peer.setblocking(True)
+
+
+def test_several_drains_wait_together_and_again(loop, streams_path):
+    """Drains waiting at once all finish when the peer reads, and waiting
+    works again on the next pause (an idle protocol's empty waiter queue is
+    a placeholder on the C path: a real one is made when a drain waits)."""
+    async def main():
+        reader, writer, peer = await stream_pair()
+        protocol = writer._protocol
+        assert len(protocol._drain_waiters) == 0 and list(protocol._drain_waiters) == []
+        if streams_path == "tideloop-c":
+            assert protocol._drain_waiters == ()        # no 760-byte deque while idle
+        for _ in range(2):
+            await paused_writer(writer)
+            tasks = [asyncio.ensure_future(writer.drain()) for _ in range(3)]
+            await asyncio.sleep(0.05)
+            assert not any(t.done() for t in tasks)
+            assert len(protocol._drain_waiters) == 3
+            await read_until_done(peer, tasks)
+            assert [await t for t in tasks] == [None] * 3
+            assert len(protocol._drain_waiters) == 0
+        await closing(writer, peer)
+
+    arun(loop, main())
+
+
+def test_drains_waiting_when_the_connection_is_lost_all_end(loop, streams_path):
+    """abort(): connection_lost(None) ends every waiting drain (with None,
+    as asyncio's FlowControlMixin does); a drain after that raises."""
+    async def main():
+        reader, writer, peer = await stream_pair()
+        await paused_writer(writer)
+        tasks = [asyncio.ensure_future(writer.drain()) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        assert not any(t.done() for t in tasks)
+        writer.transport.abort()
+        assert [await wait(t) for t in tasks] == [None, None]
+        with pytest.raises(ConnectionResetError, match="Connection lost"):
+            await writer.drain()
+        peer.close()
+
+    arun(loop, main())
+
+
 def test_write_and_writelines_go_to_the_current_transport(loop, streams_path):
     async def main():
         reader, writer, peer = await stream_pair()

@@ -146,7 +146,7 @@ send_one(TransportObject *self, PyObject *obj, const char *data,
     ssize_t n;
     /* asyncio sends without an address when extra['peername'] is true:
      * an unnamed Unix peer ('') does not count. */
-    int connected = self->peer_len > (self->family == AF_UNIX
+    int connected = self->peer_addr.len > (self->family == AF_UNIX
                                           ? (socklen_t)offsetof(struct sockaddr_un,
                                                                 sun_path)
                                           : 0);

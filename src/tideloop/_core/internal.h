@@ -224,6 +224,7 @@ enum {
     X(s_exception, "_exception") X(s_paused, "_paused")                    \
     X(s_limit, "_limit") X(s_reader_wr, "_stream_reader_wr")               \
     X(s_connection_lost, "_connection_lost") X(cancelled, "cancelled")     \
+    X(s_drain_waiters, "_drain_waiters")                                   \
     X(pause_reading, "pause_reading") X(resume_reading, "resume_reading")  \
     X(create_future, "create_future") X(feed_data, "feed_data")            \
     X(clear, "clear")                                                      \
@@ -263,6 +264,7 @@ enum {
     X(s_overrun)       /* asyncio.LimitOverrunError */                    \
     X(s_method_names)  /* the instance attribute per method kind */      \
     X(s_minus_one) X(s_newline)   /* read()'s and readuntil()'s defaults */ \
+    X(s_deque)         /* collections.deque: _drain_waiters made real */ \
     X(s_take_bytes)    /* bytearray.take_bytes (3.15+), else NULL */      \
     X(s_markers)       /* (inspect's coroutine mark, asyncio's) or Nones */ \
     X(s_fut_cancelled) X(s_fut_set_result)  /* asyncio.Future's methods */ \

@@ -19,6 +19,13 @@
  *     asyncio takes for a coroutine; a read waits on a future in
  *     reader._waiter as StreamReader._wait_for_data() does.
  *
+ * An idle connection's protocol holds an empty collections.deque,
+ * _drain_waiters, that only _drain_helper() appends to: 760 bytes, a sixth
+ * of what the connection costs.  While it is empty it is replaced by the
+ * empty tuple (asyncio's other uses only iterate over it), and a deque is
+ * put back before asyncio's own _drain_helper() runs (the C one delegates
+ * to it when the connection is paused or lost).
+ *
  * The StreamWriter keeps asyncio's own methods: the transport and the
  * protocol are handed to the transport, the writer is not (it is made
  * after connection_made() on the client side, and 3.13+ keeps no reference
@@ -885,9 +892,33 @@ op_fast(OpObject *self, PyObject *d, PyObject **bufp)
 
 /* asyncio's coroutine for this call: its function with the same
  * arguments (nothing has happened yet, so it starts where we would). */
+/* Before asyncio's own _drain_helper() runs on protocol: a deque in
+ * _drain_waiters again if it holds the empty-tuple placeholder (see the
+ * top).  -1: error. */
+static int
+real_drain_waiters(tl_state *st, PyObject *protocol)
+{
+    PyObject *d = PyObject_GenericGetDict(protocol, NULL);
+    if (d == NULL)
+        return -1;
+    PyObject *w = PyDict_GetItemWithError(d, st->str_s_drain_waiters);
+    int rc = 0;
+    if (w == NULL && PyErr_Occurred())
+        rc = -1;
+    else if (w != NULL && PyTuple_CheckExact(w) && PyTuple_GET_SIZE(w) == 0) {
+        PyObject *q = PyObject_CallNoArgs(st->s_deque);
+        rc = q == NULL ? -1 : PyDict_SetItem(d, st->str_s_drain_waiters, q);
+        Py_XDECREF(q);
+    }
+    Py_DECREF(d);
+    return rc;
+}
+
 static PyObject *
 op_delegate(OpObject *self)
 {
+    if (self->kind == K_DRAIN_HELPER && real_drain_waiters(self->state, self->owner) < 0)
+        return NULL;
     PyObject *fn = PyTuple_GET_ITEM(self->state->s_originals, self->kind);
     PyObject *args[2] = {self->owner, self->arg};
     Py_ssize_t nargs = 1;
@@ -1391,6 +1422,8 @@ method_python(MethodObject *self, PyObject *owner, PyObject *const *args,
 {
     Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
     PyObject *small[8], **all = small;
+    if (self->kind == K_DRAIN_HELPER && real_drain_waiters(self->state, owner) < 0)
+        return NULL;
     if (total + 1 > (Py_ssize_t)(sizeof(small) / sizeof(small[0]))) {
         all = PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *));
         if (all == NULL)
@@ -1518,27 +1551,13 @@ method_repr(MethodObject *self)
     return r;
 }
 
-static int
-method_traverse(MethodObject *self, visitproc visit, void *arg)
-{
-    Py_VISIT(Py_TYPE(self));
-    Py_VISIT(self->ref);
-    return 0;
-}
-
-static int
-method_clear(MethodObject *self)
-{
-    Py_CLEAR(self->ref);
-    return 0;
-}
-
+/* Not GC objects: what they hold, a weak reference without a callback (and
+ * their type), cannot lead back to them, and an idle connection has five. */
 static void
 method_dealloc(MethodObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    method_clear(self);
+    Py_CLEAR(self->ref);
     tp->tp_free(self);
     Py_DECREF(tp);
 }
@@ -1561,8 +1580,6 @@ static PyMemberDef method_members[] = {
 
 static PyType_Slot method_slots[] = {
     {Py_tp_dealloc, method_dealloc},
-    {Py_tp_traverse, method_traverse},
-    {Py_tp_clear, method_clear},
     {Py_tp_repr, method_repr},
     {Py_tp_call, PyVectorcall_Call},
     {Py_tp_getset, method_getset},
@@ -1575,7 +1592,7 @@ static PyType_Slot method_slots[] = {
 PyType_Spec tl_stream_method_spec = {
     .name = "tideloop.StreamMethod",
     .basicsize = sizeof(MethodObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL |
              Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
     .slots = method_slots,
 };
@@ -1599,7 +1616,7 @@ install_methods(tl_state *st, PyObject *obj, PyObject *d, int first, int end)
     int rc = 1;
     for (int k = first; k < end && rc == 1; k++) {
         PyObject *name = PyTuple_GET_ITEM(st->s_method_names, k);
-        MethodObject *m = PyObject_GC_New(MethodObject, st->StreamMethodType);
+        MethodObject *m = PyObject_New(MethodObject, st->StreamMethodType);
         if (m == NULL) {
             rc = -1;
             break;
@@ -1608,7 +1625,6 @@ install_methods(tl_state *st, PyObject *obj, PyObject *d, int first, int end)
         m->ref = Py_NewRef(ref);
         m->state = st;
         m->kind = k;
-        PyObject_GC_Track(m);
         if (PyDict_SetItem(d, name, (PyObject *)m) < 0)
             rc = -1;
         Py_DECREF(m);
@@ -1636,8 +1652,20 @@ install_drain_helper(tl_state *st, PyObject *protocol, PyObject *d)
     if (rc != 0)
         return rc < 0 ? -1 : 0;
     rc = install_methods(st, protocol, d, K_DRAIN_HELPER, K_COUNT);
-    if (rc > 0)
+    if (rc > 0) {
         TL_ATOMIC_ADD(&st->s_drain_helpers, 1);
+        /* asyncio's empty deque, 760 bytes, until something must wait */
+        PyObject *w = PyDict_GetItemWithError(d, st->str_s_drain_waiters);
+        if (w == NULL && PyErr_Occurred())
+            return -1;
+        if (w != NULL && Py_IS_TYPE(w, (PyTypeObject *)st->s_deque) && PyObject_Size(w) == 0) {
+            PyObject *empty = PyTuple_New(0);
+            int set = empty == NULL ? -1 : PyDict_SetItem(d, st->str_s_drain_waiters, empty);
+            Py_XDECREF(empty);
+            if (set < 0)
+                return -1;
+        }
+    }
     return rc;
 }
 
@@ -1825,6 +1853,17 @@ streams_setup(PyObject *module, PyObject *args)
         Py_DECREF(names);
         return NULL;
     }
+    PyObject *collections = PyImport_ImportModule("collections");
+    PyObject *deque = collections ? PyObject_GetAttrString(collections, "deque") : NULL;
+    Py_XDECREF(collections);
+    if (deque == NULL || !PyType_Check(deque)) {
+        if (deque != NULL)
+            PyErr_SetString(PyExc_TypeError, "collections.deque is not a type");
+        Py_XDECREF(deque);
+        Py_DECREF(names);
+        return NULL;
+    }
+    Py_XSETREF(st->s_deque, deque);
     Py_XSETREF(st->s_method_names, names);
     Py_XSETREF(st->s_markers, Py_NewRef(marks));
     PyObject *take = PyObject_GetAttrString((PyObject *)&PyByteArray_Type, "take_bytes");

@@ -718,13 +718,50 @@ tl_tr_get_protocol(TransportObject *self, PyObject *Py_UNUSED(ignored))
     return Py_NewRef(self->protocol ? self->protocol : Py_None);
 }
 
+int
+tl_rawaddr_set(tl_rawaddr *a, const struct sockaddr *sa, socklen_t len)
+{
+    tl_rawaddr_clear(a);
+    if (len > (socklen_t)sizeof(a->in)) {
+        if ((a->big = PyMem_Malloc(len)) == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(a->big, sa, len);
+    }
+    else if (len > 0)
+        memcpy(&a->in, sa, len);
+    a->len = len;
+    return 0;
+}
+
+void
+tl_rawaddr_clear(tl_rawaddr *a)
+{
+    PyMem_Free(a->big);
+    a->big = NULL;
+    a->len = 0;
+}
+
+/* The socket's own address (getsockname) or its peer's (getpeername) into
+ * a; none when the call fails, as asyncio's extra info is then None. */
+static int
+rawaddr_from_fd(tl_rawaddr *a, int fd, int peer)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    int r = peer ? getpeername(fd, (struct sockaddr *)&ss, &len)
+                 : getsockname(fd, (struct sockaddr *)&ss, &len);
+    return tl_rawaddr_set(a, (struct sockaddr *)&ss, r < 0 ? 0 : len);
+}
+
 /* The address as the socket module shows it, converted once. */
 static PyObject *
-tl_tr_cached_address(PyObject **cache, struct sockaddr_storage *addr, socklen_t len)
+tl_tr_cached_address(PyObject **cache, const tl_rawaddr *addr)
 {
     if (*cache == NULL) {
-        *cache = len ? tl_sockaddr_to_py((struct sockaddr *)addr, len)
-                     : Py_NewRef(Py_None);
+        *cache = addr->len ? tl_sockaddr_to_py(tl_rawaddr_sa(addr), addr->len)
+                           : Py_NewRef(Py_None);
         if (*cache == NULL)
             return NULL;
     }
@@ -750,11 +787,9 @@ tl_tr_extra_value(TransportObject *self, const char *name)
         return Py_NewRef(self->transport_socket);
     }
     if (strcmp(name, "sockname") == 0)
-        return tl_tr_cached_address(&self->sockname, &self->local_addr,
-                              self->local_len);
+        return tl_tr_cached_address(&self->sockname, &self->local_addr);
     if (strcmp(name, "peername") == 0)
-        return tl_tr_cached_address(&self->peername, &self->peer_addr,
-                              self->peer_len);
+        return tl_tr_cached_address(&self->peername, &self->peer_addr);
     return NULL;
 }
 
@@ -915,20 +950,10 @@ tl_tr_create(LoopObject *loop, PyTypeObject *tp, const tl_transport_ops *ops,
             goto error;
     }
     if (ops->is_socket) {
-        self->local_len = sizeof(self->local_addr);
-        if (getsockname(fd, (struct sockaddr *)&self->local_addr,
-                        &self->local_len) < 0)
-            self->local_len = 0;
-        if (peer != NULL) {
-            memcpy(&self->peer_addr, peer, peer_len);
-            self->peer_len = peer_len;
-        }
-        else {
-            self->peer_len = sizeof(self->peer_addr);
-            if (getpeername(fd, (struct sockaddr *)&self->peer_addr,
-                            &self->peer_len) < 0)
-                self->peer_len = 0;
-        }
+        if (rawaddr_from_fd(&self->local_addr, fd, 0) < 0 ||
+            (peer != NULL ? tl_rawaddr_set(&self->peer_addr, peer, peer_len)
+                          : rawaddr_from_fd(&self->peer_addr, fd, 1)) < 0)
+            goto error;
     }
     PyObject_GC_Track(self);
     if (tl_tr_set_protocol_impl(self, protocol) < 0)
@@ -1067,6 +1092,8 @@ tl_tr_dealloc(TransportObject *self)
     Py_CLEAR(self->sock);
     Py_CLEAR(self->loop);
     PyMem_Free(self->wq);
+    tl_rawaddr_clear(&self->local_addr);
+    tl_rawaddr_clear(&self->peer_addr);
     tp->tp_free(self);
     Py_DECREF(tp);
 }

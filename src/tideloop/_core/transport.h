@@ -12,6 +12,8 @@
 
 #include "internal.h"
 
+#include <netinet/in.h>
+
 #include <structmember.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -123,6 +125,30 @@ typedef struct {
     PyObject *addr;         /* datagrams: the destination (NULL: none) */
 } wchunk;
 
+/* A socket address as accept()/getsockname() gave it: IPv4 and IPv6 ones
+ * (what nearly every connection has) inline, anything longer (a Unix path)
+ * on the heap -- a sockaddr_storage in every transport, twice, was 256
+ * bytes of each idle connection. */
+typedef struct {
+    socklen_t len;              /* 0: none */
+    union {
+        struct sockaddr sa;
+        struct sockaddr_in in4;
+        struct sockaddr_in6 in6;
+    } in;                       /* len <= sizeof(in) */
+    struct sockaddr *big;       /* len > sizeof(in): PyMem_Malloc'd */
+} tl_rawaddr;
+
+static inline const struct sockaddr *
+tl_rawaddr_sa(const tl_rawaddr *a)
+{
+    return a->big != NULL ? a->big : &a->in.sa;
+}
+
+/* Keep (sa, len); 0, or -1 with MemoryError. */
+int tl_rawaddr_set(tl_rawaddr *a, const struct sockaddr *sa, socklen_t len);
+void tl_rawaddr_clear(tl_rawaddr *a);
+
 struct TransportObject {
     tl_transport_head head;     /* PyObject_HEAD + closing */
     LoopObject *loop;
@@ -160,8 +186,7 @@ struct TransportObject {
     int protocol_paused;        /* pause_writing() was called */
     int watching;               /* TL_POLL_READ | TL_POLL_WRITE registered */
 
-    struct sockaddr_storage local_addr, peer_addr;
-    socklen_t local_len, peer_len;
+    tl_rawaddr local_addr, peer_addr;
 
     PyObject *dict;             /* instance attributes (tests patch methods) */
     PyObject *weakreflist;
