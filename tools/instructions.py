@@ -76,7 +76,17 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-BASELINE = os.path.join(REPO, "results", "instructions.json")
+# One baseline per CPython minor version: the interpreter's own costs move
+# between them.  3.11's keeps its first name (the history and docs read it).
+BASELINE_311 = os.path.join(REPO, "results", "instructions.json")
+
+
+def baseline_path(version=None):
+    """results/instructions.json for 3.11, results/instructions-X.Y.json else."""
+    minor = ".".join((version or platform.python_version()).split(".")[:2])
+    if minor == "3.11":
+        return BASELINE_311
+    return os.path.join(REPO, "results", f"instructions-{minor}.json")
 HISTORY = os.path.join(REPO, "results", "instructions-history.json")
 # The measured child runs from a copy of this file; it finds the certificates here.
 CERTS = os.environ.get("TIDELOOP_INSTR_CERTS") or os.path.join(REPO, "tests", "certs")
@@ -441,8 +451,8 @@ RUNNERS = {"call-soon": run_call_soon, "timers": run_timers,
 
 def child(name, n, shift=0):
     """A warm-up run of n operations, then n and 3n on the same loop, each
-    run followed by os.getppid(): the marker callgrind dumps its counts at
-    (--dump-before), so the driver reads the two measured runs' own counts."""
+    run followed by os.getppid(): libc's getppid is the marker callgrind
+    dumps its counts at (--dump-before), so the driver reads the two measured runs' own counts."""
     import gc
     shifted = [type(f"Shift{k}", (), {"tag": k}) for k in range(shift)]
     assert [t.tag for t in shifted] == list(range(shift))   # (a lookup tags a type)
@@ -580,7 +590,10 @@ def callgrind_slope(name, n, work, python, env, shift=0):
     os.makedirs(os.path.join(work, "out"), exist_ok=True)
     out = os.path.join(work, "out", f"cg.{name}.{shift}.%p.out")
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-           "--dump-before=os_getppid*",
+           # libc's getppid, which os.getppid() calls: its name is in libc's
+           # dynamic symbols, so a stripped interpreter (Debian's 3.14 and
+           # 3.15) has the marker too; os_getppid is in the symbol table only
+           "--dump-before=getppid",
            python, os.path.join(work, "child.py"), "--child", name, "--n", str(n),
            "--shift", str(shift)]
     if shutil.which("setarch"):
@@ -597,8 +610,12 @@ def callgrind_slope(name, n, work, python, env, shift=0):
     base = out.replace("%p", str(p.pid))   # (setarch execs valgrind: one pid)
     # Dumps: .1 start-up and warm-up, .2 the n run, .3 the 3n run.
     short, long_ = dump_costs(f"{base}.2"), dump_costs(f"{base}.3")
+    keep = os.environ.get("TIDELOOP_INSTR_KEEP")    # --keep DIR: for callgrind_annotate
     for part in os.listdir(os.path.dirname(base)):
-        os.unlink(os.path.join(os.path.dirname(base), part))
+        if keep:
+            shutil.move(os.path.join(os.path.dirname(base), part), os.path.join(keep, part))
+        else:
+            os.unlink(os.path.join(os.path.dirname(base), part))
     return tuple((b - a) / (2 * n) for a, b in zip(short, long_))
 
 
@@ -631,7 +648,9 @@ def prepare(work, python, src):
     shutil.copytree(CERTS, os.path.join(work, "certs"))
     if src is None:
         os.mkdir(os.path.join(work, "tree"))
-        built = build_scratch(python, os.path.join(work, "tree"))
+        # built by the interpreter this tool runs on (a venv's has setuptools;
+        # the base interpreter that runs the workloads may not: Debian's 3.14)
+        built = build_scratch(sys.executable, os.path.join(work, "tree"))
         os.rename(built, os.path.join(work, "src"))
     else:
         shutil.copytree(src, os.path.join(work, "src"),
@@ -647,6 +666,16 @@ def prepare(work, python, src):
            "GLIBC_TUNABLES": GLIBC_PIN,
            "TIDELOOP_INSTR_LOOP": os.environ.get("TIDELOOP_INSTR_LOOP", "tideloop"),
            "TIDELOOP_INSTR_CERTS": os.path.join(work, "certs")}
+    loop = env["TIDELOOP_INSTR_LOOP"]
+    if loop not in ("tideloop", "asyncio"):
+        # the base interpreter runs the workloads: the loop's package from
+        # wherever this interpreter (a venv, say) imports it
+        import importlib.util
+        found = importlib.util.find_spec(loop)
+        if found is None or not found.submodule_search_locations:
+            raise RuntimeError(f"{loop} is not installed for {sys.executable}")
+        site = os.path.dirname(list(found.submodule_search_locations)[0])
+        env["PYTHONPATH"] += os.pathsep + site
     if os.environ.get("TIDELOOP_PORTABLE"):     # the portable mode's price
         env["TIDELOOP_PORTABLE"] = os.environ["TIDELOOP_PORTABLE"]
     return env
@@ -722,8 +751,8 @@ def history(revs, python):
             git("worktree", "add", "--detach", "-f", where, rev)
             commit, date, subject = git("log", "-1", "--format=%H%n%cs%n%s", rev).split("\n", 2)
             print(f"{commit[:7]} {subject[:60]}", flush=True)
-            p = subprocess.run([python, "setup.py", "-q", "build_ext", "--inplace"], cwd=where,
-                               capture_output=True, text=True, timeout=600,
+            p = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                               cwd=where, capture_output=True, text=True, timeout=600,
                                env={k: v for k, v in os.environ.items() if k != "TIDELOOP_DEV"})
             if p.returncode != 0:
                 raise RuntimeError(f"{rev}: the build failed: {p.stderr.strip()[-500:]}")
@@ -747,7 +776,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", help="comma-separated workloads (default: all)")
     ap.add_argument("--update", action="store_true", help="write the baseline")
-    ap.add_argument("--baseline", default=BASELINE)
+    ap.add_argument("--baseline", default=baseline_path(),
+                    help="default: results/instructions.json on 3.11, "
+                         "results/instructions-X.Y.json on CPython X.Y (%(default)s here)")
     ap.add_argument("--tolerance", type=float, default=0.03)
     ap.add_argument("--json", help="write the figures here too")
     ap.add_argument("--shifts", type=int, default=len(TAG_SHIFTS), choices=range(1, 6),
@@ -764,6 +795,9 @@ def main(argv=None):
                     help="measure these commits' trees and write " + os.path.relpath(HISTORY, REPO))
     ap.add_argument("--loop", choices=("tideloop", "asyncio", "uvloop"), default="tideloop",
                     help="the loop measured (asyncio's and uvloop's figures have no baseline)")
+    ap.add_argument("--keep", metavar="DIR",
+                    help="keep callgrind's dumps in DIR (.2: the R run, .3: the 3R run; "
+                         "callgrind_annotate --diff shows where one more operation goes)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--shift", type=int, default=0, help=argparse.SUPPRESS)
@@ -785,6 +819,9 @@ def main(argv=None):
             ap.error(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
     python = os.path.realpath(sys.executable)
     os.environ["TIDELOOP_INSTR_LOOP"] = args.loop
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+        os.environ["TIDELOOP_INSTR_KEEP"] = os.path.abspath(args.keep)
     if args.history:
         try:
             return history(args.history, python)
