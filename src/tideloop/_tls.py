@@ -55,6 +55,10 @@ except ImportError:          # an interpreter without ssl
 TLS_ROUTE_PROOF = "no ssl module"
 
 
+_EMPTY_BUFFER = bytearray()
+_EMPTY_VIEW = memoryview(_EMPTY_BUFFER)
+
+
 def adopt(protocol):
     """The engine for an asyncio SSLProtocol (made once), or None."""
     engine = protocol.__dict__.get("_tl_engine")
@@ -74,9 +78,12 @@ def adopt(protocol):
     protocol._do_read = engine.do_read
     # The engine receives into the loop's buffer, never through
     # get_buffer(): the protocol's own 256 KiB read buffer goes (get_buffer
-    # makes a new one if something still calls it).
-    protocol._ssl_buffer = bytearray()
-    protocol._ssl_buffer_view = memoryview(protocol._ssl_buffer)
+    # makes a new one if something still calls it).  One empty buffer and
+    # its view serve every connection (370 bytes each otherwise): nothing
+    # can be written into a view of nothing, and the view's export keeps
+    # the bytearray from growing.
+    protocol._ssl_buffer = _EMPTY_BUFFER
+    protocol._ssl_buffer_view = _EMPTY_VIEW
     app_transport = protocol._app_transport
     if app_transport is not None:
         app_transport.write = engine.app_write

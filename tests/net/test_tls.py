@@ -624,3 +624,33 @@ def test_server_socket_and_fds(loop):
 
     arun(loop, main())
     fd_leak_check(before)
+
+
+def test_an_idle_connection_keeps_working_after_its_buffers_go(loop, tls_route):
+    """An idle TLS connection: after a pause (on tideloop's openssl route,
+    until the idle check has given OpenSSL's record buffers back) records
+    flow both ways as before, small and large."""
+    async def main():
+        accepted = []
+        srv, addr = await tls_server(loop, tls_echo_recorder(loop, accepted))
+        tr, pr = await tls_connect(loop, lambda: Recorder(loop), addr)
+        tr.write(b"first")
+        assert await pr.wait_bytes(5) == b"first"
+        (sp,) = accepted
+        engines = [vars(t._ssl_protocol).get("_tl_engine") for t in (tr, sp.transport)]
+        if tls_route == "openssl":
+            assert all(e is not None and e.route == "openssl" for e in engines)
+            await wait_until(lambda: all(e.buffers_released >= 1 for e in engines),
+                             timeout=20)
+        else:
+            await asyncio.sleep(1.2)
+        big = payload(1 << 20)
+        tr.write(b"second")
+        tr.write(big)
+        assert await pr.wait_bytes(6 + len(big)) == b"first" + b"second" + big
+        tr.close()
+        assert await wait(pr.lost) is None
+        assert await wait(sp.lost) is None
+        await close_server(srv)
+
+    arun(loop, main())

@@ -99,6 +99,8 @@ typedef struct {
     const char *(*X509_verify_cert_error_string)(long n);
     const char *(*OpenSSL_version)(int t);
     unsigned long (*OpenSSL_version_num)(void);
+    /* NULL: not offered, or not safe in this OpenSSL (tls.c) */
+    int (*SSL_free_buffers)(void *ssl);
 } tl_ossl;
 
 enum { TL_TLS_ASYNCIO = 0, TL_TLS_SSLOBJECT = 1, TL_TLS_OPENSSL = 2 };

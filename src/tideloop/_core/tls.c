@@ -79,8 +79,22 @@ typedef struct {
     void *ssl, *rbio, *wbio;    /* openssl route */
     int busy;                   /* entries (feed, app_write, do_read) running */
     int detach_pending;         /* connection_lost came while busy */
+    int used;                   /* an entry ran since the last idle check */
+    PyObject *idle_timer;       /* the pending idle check's TimerHandle */
+    Py_ssize_t buffers_released;    /* times the idle check freed them */
     PyObject *weakreflist;
 } TLSEngineObject;
+
+/* The openssl route keeps OpenSSL's record buffers (see engine_new): two
+ * ~17 KiB allocations, of which an idle connection keeps two or three
+ * pages resident -- 9 KiB a connection, a third of what one costs.  A
+ * connection that has had nothing to do for one to two idle checks gives
+ * them back (SSL_free_buffers; OpenSSL allocates them again at the next
+ * record), so busy connections keep theirs and idle ones weigh what they
+ * weigh on the stock loop. */
+#define TL_TLS_IDLE_CHECK_S 0.5
+
+static int schedule_idle_check(TLSEngineObject *self);
 
 /* ---- SSLProtocol's attributes, read from its __dict__ ---- */
 
@@ -1102,6 +1116,52 @@ engine_leave(TLSEngineObject *self)
         self->detach_pending = 0;
         engine_detach_now(self);
     }
+    self->used = 1;
+    if (self->idle_timer == NULL && self->ssl != NULL && self->busy == 0 &&
+        self->st->ossl.SSL_free_buffers != NULL) {
+        PyObject *exc = PyErr_Occurred() ? tl_err_get_raised() : NULL;
+        /* (a check not scheduled costs memory, not correctness: a closed
+         * loop says so here, and the entry's own result stands) */
+        if (schedule_idle_check(self) < 0)
+            PyErr_Clear();
+        if (exc != NULL)
+            tl_err_set_raised(exc);
+    }
+}
+
+/* The idle check: busy since the last one, or the buffers go back. */
+static PyObject *
+engine_idle_check(TLSEngineObject *self, PyObject *Py_UNUSED(ignored))
+{
+    Py_CLEAR(self->idle_timer);
+    if (self->ssl == NULL || self->busy > 0)
+        Py_RETURN_NONE;             /* detached, or (cannot happen) inside an entry */
+    if (self->used) {
+        self->used = 0;
+        if (schedule_idle_check(self) < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    /* 0 when a record is still in them: they stay, and the next entry
+     * schedules another check */
+    if (self->st->ossl.SSL_free_buffers(self->ssl))
+        self->buffers_released++;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef engine_idle_check_def = {
+    "_idle_check", (PyCFunction)engine_idle_check, METH_NOARGS,
+    "Free OpenSSL's record buffers of a connection idle since the last check."};
+
+static int
+schedule_idle_check(TLSEngineObject *self)
+{
+    PyObject *fn = PyCFunction_New(&engine_idle_check_def, (PyObject *)self);
+    if (fn == NULL)
+        return -1;
+    self->idle_timer = tl_loop_call_later(self->loop, TL_TLS_IDLE_CHECK_S, fn);
+    Py_DECREF(fn);
+    return self->idle_timer == NULL ? -1 : 0;
 }
 
 /* ---- the engine type ---- */
@@ -1193,6 +1253,11 @@ engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
          * record each way.  The engine keeps them (~34 KiB per connection,
          * against the 256 KiB read buffer each stock SSLProtocol keeps). */
         o->SSL_ctrl(self->ssl, TL_SSL_CTRL_CLEAR_MODE, TL_SSL_MODE_RELEASE_BUFFERS, NULL);
+        /* ... until the connection idles (TL_TLS_IDLE_CHECK_S): the
+         * handshake's buffers too, if no record follows it */
+        self->used = 1;
+        if (o->SSL_free_buffers != NULL && schedule_idle_check(self) < 0)
+            goto error;
     }
     Py_DECREF(loop);
     Py_DECREF(wrapper);
@@ -1216,6 +1281,7 @@ engine_traverse(TLSEngineObject *self, visitproc visit, void *arg)
     Py_VISIT(self->outgoing);
     Py_VISIT(self->app_transport);
     Py_VISIT(self->adict);
+    Py_VISIT(self->idle_timer);
     return 0;
 }
 
@@ -1226,6 +1292,17 @@ engine_clear_refs(TLSEngineObject *self)
     self->ssl = self->rbio = self->wbio = NULL;
     if (self->route == TL_TLS_OPENSSL)
         self->route = TL_TLS_SSLOBJECT;
+    if (self->idle_timer != NULL) {
+        /* cancel() drops the handle's reference to the check (and so to
+         * this engine) */
+        PyObject *timer = self->idle_timer;
+        self->idle_timer = NULL;
+        PyObject *r = PyObject_CallMethod(timer, "cancel", NULL);
+        if (r == NULL)
+            PyErr_WriteUnraisable(timer);
+        Py_XDECREF(r);
+        Py_DECREF(timer);
+    }
     Py_CLEAR(self->loop);
     Py_CLEAR(self->proto);
     Py_CLEAR(self->pdict);
@@ -1276,6 +1353,8 @@ static PyGetSetDef engine_getset[] = {
 };
 
 static PyMemberDef engine_members[] = {
+    {"buffers_released", T_PYSSIZET, offsetof(TLSEngineObject, buffers_released), READONLY,
+     "How often an idle check gave OpenSSL's record buffers back (openssl route)."},
     {"__weaklistoffset__", T_PYSSIZET, offsetof(TLSEngineObject, weakreflist),
      READONLY, NULL},
     {NULL, 0, 0, 0, NULL},
@@ -1361,11 +1440,20 @@ tls_setup(PyObject *module, PyObject *args)
     SYM(ERR_reason_error_string) SYM(SSL_get_verify_result)
     SYM(X509_verify_cert_error_string) SYM(OpenSSL_version_num)
 #undef SYM
+    *(void **)(&o.SSL_free_buffers) = dlsym(h, "SSL_free_buffers");     /* optional */
     dlclose(h);
     if (missing != NULL)
         return PyUnicode_FromFormat("%s not found in _ssl's libssl", missing);
     if (o.OpenSSL_version_num() < 0x30000000UL)
         return PyUnicode_FromString("OpenSSL older than 3.0 (its error codes differ)");
+    /* Optional: SSL_free_buffers() freed a buffer still in use before
+     * 3.0.14, 3.1.6, 3.2.2 and 3.3.1 (CVE-2024-4741); older ones keep the
+     * buffers of idle connections. */
+    unsigned long v = o.OpenSSL_version_num();
+    unsigned long fixed = v < 0x30100000UL ? 0x300000E0UL : v < 0x30200000UL ? 0x30100060UL
+                          : v < 0x30300000UL ? 0x30200020UL : 0x30300010UL;
+    if (v < fixed)
+        o.SSL_free_buffers = NULL;
     const char *have = o.OpenSSL_version(0);
     if (have == NULL || strcmp(have, version) != 0)
         return PyUnicode_FromFormat("libssl says %s, ssl.OPENSSL_VERSION %s",
