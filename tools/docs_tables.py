@@ -407,7 +407,8 @@ def interpreters_table():
 # --- shared formatting -------------------------------------------------------
 
 LOOPS = ("asyncio", "uvloop", "tideloop")
-SHORT = {"asyncio": "aio", "uvloop": "uv", "tideloop": "tl", "c": "C", "blocking": "blk"}
+SHORT = {"asyncio": "aio", "uvloop": "uv", "tideloop": "tl", "c": "C", "blocking": "blk",
+         "peer": "best peer"}
 
 
 def sig(x):
@@ -680,6 +681,215 @@ def instructions_table():
             " operation:\n\n" + table(header, rows("allocator_calls")))
 
 
+# --- the peer loops, the scale rows, the instruction counts per version --------
+
+PEER_ORDER = ("asyncio", "uvloop", "tideloop", "zuvloop", "blazio", "rsloop", "rloop",
+              "zloop", "aiofastnet+uvloop")
+PEER_VERSIONS = ("3.11", "3.14", "3.15")
+
+
+def _peer_loops(doc, metric):
+    """The loops a result file has a figure or an error for, peers' order."""
+    present = set()
+    for r in doc["results"]:
+        present.update(r.get(metric) or {})
+        present.update(r.get("errors") or {})
+        present.update((r.get("figures") or {}).get(metric, {}))
+    present.discard("c")
+    loops = [lp for lp in PEER_ORDER if lp in present]
+    return loops + sorted(present - set(loops))
+
+
+def _first_line(err):
+    return err.strip().splitlines()[0] if err and err.strip() else "failed"
+
+
+def _error_notes(errors):
+    """(loop, where, error) -> ({(loop, first line): n}, footnotes): each
+    loop's error once, numbered."""
+    marks, notes = {}, []
+    for loop, where, err in errors:
+        key = (loop, _first_line(err))
+        if key not in marks:
+            marks[key] = len(marks) + 1
+            notes.append(f"({marks[key]}) {loop}, {where}: `{_shorten(key[1], 110)}`")
+    return marks, notes
+
+
+def _loop_cell(x, loop):
+    return f"**{sig(x)}**" if loop == "tideloop" and x is not None else sig(x)
+
+
+def net_peers_table():
+    """python -m bench.net --loops all on each version: server CPU per request."""
+    out = []
+    for ver in PEER_VERSIONS:
+        name = f"net-peers-{ver}.json"
+        if not os.path.exists(os.path.join(REPO, "results", name)):
+            continue
+        doc = _load(name)
+        loops = _peer_loops(doc, "cpu_us_per_req")
+        marks, notes = _error_notes(
+            (lp, f"{r['kind']} {r['size'] // 1024} KiB", e)
+            for r in doc["results"] for lp, e in r.get("errors", {}).items() if lp != "c")
+        header = (["kind", "size"] + loops
+                  + ["C floor", "tl / best peer", "tl / C", "target", "result"])
+        rows = []
+        for r in doc["results"]:
+            cells = [r["kind"], f"{r['size'] // 1024} KiB"]
+            for lp in loops:
+                err = r.get("errors", {}).get(lp)
+                cells.append(f"error ({marks[(lp, _first_line(err))]})" if err is not None
+                             else _loop_cell(r["cpu_us_per_req"].get(lp), lp))
+            best = r.get("best_peer")
+            cells += [sig(r["cpu_us_per_req"].get("c")),
+                      "-" if best is None else f"{ratio(r.get('tl_vs_best_peer'))} {best}",
+                      ratio(r.get("tl_vs_c")), targets(r.get("targets")),
+                      r.get("verdict") or "-"]
+            rows.append(cells)
+        versions = doc.get("environment", {}).get("loops", {})
+        text = (f"**CPython {ver}**: server CPU µs per request, median of {doc['repeat']} "
+                f"interleaved {doc['duration_s']:g} s runs, 10 connections.\n\n"
+                + table(header, rows, left=2))
+        if notes:
+            text += "\n\n" + "; ".join(notes)
+        text += ("\n\n" + ", ".join(v for k, v in versions.items()
+                                    if k in loops and k != "asyncio" and isinstance(v, str))
+                 + f"; `{command(doc)}` (`results/{name}`).")
+        out.append(text)
+    return "\n\n".join(out) + "\n"
+
+
+SCALE_MEMORY = (("protocol", "rss_per_conn", "an idle Protocol connection"),
+                ("streams", "rss_per_conn", "an idle streams connection"),
+                ("tls-protocol", "rss_per_conn", "an idle TLS (Protocol) connection"),
+                ("timers", "rss_per_timer", "a pending call_later() timer"),
+                ("tasks", "rss_per_task", "a task asleep in asyncio.sleep()"))
+SCALE_COSTS = (("timers", "ns_per_call_later", "call_later()"),
+               ("timers", "ns_per_cancel", "cancel() of a pending timer"),
+               ("timers", "ns_per_fired", "a due timer popped and run"),
+               ("tasks", "ns_per_task", "a task created and run to its sleep"),
+               ("tasks", "ns_per_task_cancel", "a sleeping task cancelled"))
+
+
+def scale_table():
+    """python -m bench.scale --loops all on each version: memory and costs."""
+    out = []
+    for ver in PEER_VERSIONS:
+        name = f"scale-{ver}.json"
+        if not os.path.exists(os.path.join(REPO, "results", name)):
+            continue
+        doc = _load(name)
+        loops = [lp for lp in PEER_ORDER
+                 if any(lp in f for r in doc["results"] for f in r["figures"].values())
+                 or any(lp in r["errors"] for r in doc["results"])]
+        by = {(r["what"], r["n"]): r for r in doc["results"]}
+        marks, notes = _error_notes((lp, r["what"], e) for r in doc["results"]
+                                    for lp, e in r["errors"].items())
+        biggest = max(doc["sizes"])
+
+        def cell(r, metric, lp):
+            if r is None:
+                return "-"
+            if lp in r["errors"]:
+                return f"error ({marks[(lp, _first_line(r['errors'][lp]))]})"
+            return _loop_cell(r["figures"].get(metric, {}).get(lp), lp)
+
+        def uv_ratio(r, metric):
+            fig = (r or {}).get("figures", {}).get(metric, {})
+            t, u = fig.get("tideloop"), fig.get("uvloop")
+            return ratio(t / u) if t and u else "-"
+
+        mem_rows = []
+        for what, metric, label in SCALE_MEMORY:
+            n = doc["conns"] if metric == "rss_per_conn" else biggest
+            r = by.get((what, n))
+            target = (r or {}).get("target", {}).get("uvloop")
+            mem_rows.append([f"{label}, N = {n:,}"] + [cell(r, metric, lp) for lp in loops]
+                            + [uv_ratio(r, metric),
+                               "-" if target is None else f"<={target:.2f}x uv",
+                               (r or {}).get("verdict") or "-"])
+        cost_rows = []
+        for what, metric, label in SCALE_COSTS:
+            for n in doc["sizes"]:
+                r = by.get((what, n))
+                cost_rows.append([f"{label}, N = {n:,}"] + [cell(r, metric, lp) for lp in loops]
+                                 + [uv_ratio(r, metric)])
+        text = (f"**CPython {ver}**: bytes of RSS per object (each idle connection after "
+                f"one echo):\n\n"
+                + table(["what"] + loops + ["tl/uv", "target", "result"], mem_rows)
+                + f"\n\nns per operation with N of them at once (median of {doc['repeat']} "
+                  "fresh processes):\n\n"
+                + table(["operation"] + loops + ["tl/uv"], cost_rows))
+        if notes:
+            text += "\n\n" + "; ".join(notes)
+        text += f"\n\n`{command(doc)}` (`results/{name}`)."
+        out.append(text)
+    return "\n\n".join(out) + "\n"
+
+
+def instructions_versions_table():
+    """tools/instructions.py on each version: tideloop's baseline against
+    uvloop's figures measured the same way (--loop uvloop)."""
+    rows = []
+    for ver in PEER_VERSIONS:
+        base = _load("instructions.json" if ver == "3.11" else f"instructions-{ver}.json")
+        uv_name = f"instructions-uvloop-{ver}.json"
+        uv = (_load(uv_name) if os.path.exists(os.path.join(REPO, "results", uv_name))
+              else {"figures": {}})
+        for n, t in base["figures"].items():
+            u = uv["figures"].get(n)
+            rows.append([f"`{n}`", ver, sig(t), sig(u), ratio(t / u) if t and u else "-"])
+    rows.sort(key=lambda r: r[0])
+    return (table(["workload", "CPython", "tideloop", "uvloop", "tl/uv"], rows, left=2)
+            + "\n\nUser-space instructions per operation, glibc's allocator left out. "
+              "tideloop's figures are the guarded baselines (`results/instructions.json`, "
+              "`results/instructions-3.14.json`, `results/instructions-3.15.json`); uvloop's "
+              "come from `python tools/instructions.py --loop uvloop --shifts 2 --json ...` "
+              "(`results/instructions-uvloop-*.json`).\n")
+
+def peers_summary_table():
+    """README: tideloop against the best other loop, per version and kind,
+    at 1 KiB (net-peers-*.json), and the idle-connection memory
+    (scale-*.json)."""
+    header = ["CPython", "kind (1 KiB echo)", "tideloop µs/req", "best other loop",
+              "tideloop / best"]
+    rows = []
+    for ver in PEER_VERSIONS:
+        name = f"net-peers-{ver}.json"
+        if not os.path.exists(os.path.join(REPO, "results", name)):
+            continue
+        for r in _load(name)["results"]:
+            if r["size"] != 1024 or r.get("best_peer") is None:
+                continue
+            best = r["best_peer"]
+            rows.append([ver, r["kind"], sig(r["cpu_us_per_req"].get("tideloop")),
+                         f"{best} {sig(r['cpu_us_per_req'].get(best))}",
+                         ratio(r.get("tl_vs_best_peer"))])
+    mem, conns = [], set()
+    for ver in PEER_VERSIONS:
+        name = f"scale-{ver}.json"
+        if not os.path.exists(os.path.join(REPO, "results", name)):
+            continue
+        conns.add(_load(name)["conns"])
+        for r in _load(name)["results"]:
+            fig = r["figures"].get("rss_per_conn")
+            if not fig or "tideloop" not in fig:
+                continue
+            others = {k: v for k, v in fig.items() if k not in ("tideloop", "asyncio") and v}
+            best = min(others, key=others.get) if others else None
+            if best:
+                mem.append(f"{r['what']} {sig(fig['tideloop'])} B ({best}: {sig(fig[best])}) "
+                           f"on {ver}")
+    text = table(header, rows, left=2)
+    if mem:
+        text += (f"\n\nMemory per idle connection (server RSS, "
+                 f"{', '.join(f'{n:,}' for n in sorted(conns))} connections), tideloop "
+                 "against the lightest other loop: " + "; ".join(mem) + ".")
+    return text + ("\n\nServer CPU per request, median of interleaved runs, from "
+                   "`results/net-peers-*.json` and `results/scale-*.json` "
+                   "([Benchmarks](docs/benchmarks.md#against-every-asyncio-loop)).\n")
+
 # --- the targets: what PASS/FAIL checks (bench/README.md) ---------------------
 
 REF = {"c": "the C server", "c_server": "the C server"}
@@ -809,6 +1019,10 @@ GENERATORS = {
     "interpreter_imports": interpreter_imports_table,   # tools/interpreter_imports.py
     "internals": internals_table,                       # src/tideloop/_internals.py
     "portable_cost": portable_cost_table,               # TIDELOOP_PORTABLE's price
+    "net_peers": net_peers_table,                       # bench.net --loops all, per version
+    "scale": scale_table,                               # bench.scale --loops all, per version
+    "instructions_versions": instructions_versions_table,
+    "peers_summary": peers_summary_table,               # the README's summary of the two
 }
 
 
