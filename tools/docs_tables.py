@@ -716,6 +716,15 @@ def _error_notes(errors):
     return marks, notes
 
 
+def _per_version(prefix):
+    """(version, file name, document) of each results/<prefix>-<version>.json
+    that exists, in PEER_VERSIONS' order."""
+    for ver in PEER_VERSIONS:
+        name = f"{prefix}-{ver}.json"
+        if os.path.exists(os.path.join(REPO, "results", name)):
+            yield ver, name, _load(name)
+
+
 def _loop_cell(x, loop):
     return f"**{sig(x)}**" if loop == "tideloop" and x is not None else sig(x)
 
@@ -723,11 +732,7 @@ def _loop_cell(x, loop):
 def net_peers_table():
     """python -m bench.net --loops all on each version: server CPU per request."""
     out = []
-    for ver in PEER_VERSIONS:
-        name = f"net-peers-{ver}.json"
-        if not os.path.exists(os.path.join(REPO, "results", name)):
-            continue
-        doc = _load(name)
+    for ver, name, doc in _per_version("net-peers"):
         loops = _peer_loops(doc, "cpu_us_per_req")
         marks, notes = _error_notes(
             (lp, f"{r['kind']} {r['size'] // 1024} KiB", e)
@@ -775,11 +780,7 @@ SCALE_COSTS = (("timers", "ns_per_call_later", "call_later()"),
 def scale_table():
     """python -m bench.scale --loops all on each version: memory and costs."""
     out = []
-    for ver in PEER_VERSIONS:
-        name = f"scale-{ver}.json"
-        if not os.path.exists(os.path.join(REPO, "results", name)):
-            continue
-        doc = _load(name)
+    for ver, name, doc in _per_version("scale"):
         loops = [lp for lp in PEER_ORDER
                  if any(lp in f for r in doc["results"] for f in r["figures"].values())
                  or any(lp in r["errors"] for r in doc["results"])]
@@ -855,11 +856,8 @@ def peers_summary_table():
     header = ["CPython", "kind (1 KiB echo)", "tideloop µs/req", "best other loop",
               "tideloop / best"]
     rows = []
-    for ver in PEER_VERSIONS:
-        name = f"net-peers-{ver}.json"
-        if not os.path.exists(os.path.join(REPO, "results", name)):
-            continue
-        for r in _load(name)["results"]:
+    for ver, name, doc in _per_version("net-peers"):
+        for r in doc["results"]:
             if r["size"] != 1024 or r.get("best_peer") is None:
                 continue
             best = r["best_peer"]
@@ -867,12 +865,9 @@ def peers_summary_table():
                          f"{best} {sig(r['cpu_us_per_req'].get(best))}",
                          ratio(r.get("tl_vs_best_peer"))])
     mem, conns = [], set()
-    for ver in PEER_VERSIONS:
-        name = f"scale-{ver}.json"
-        if not os.path.exists(os.path.join(REPO, "results", name)):
-            continue
-        conns.add(_load(name)["conns"])
-        for r in _load(name)["results"]:
+    for ver, name, doc in _per_version("scale"):
+        conns.add(doc["conns"])
+        for r in doc["results"]:
             fig = r["figures"].get("rss_per_conn")
             if not fig or "tideloop" not in fig:
                 continue
