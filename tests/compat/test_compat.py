@@ -25,7 +25,8 @@ FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 
 def expected_c_branches():
     return {
-        "stop_iteration_value": "private" if PY < (3, 13) else "fallback",
+        "stop_iteration_value": ("private" if PY < (3, 12) else
+                                 "fallback" if FREE_THREADED else "reused"),
         "type_name": "own",
         "hash_double": "private",
         "bytes_resize": "private",

@@ -590,3 +590,37 @@ def test_ssl_socket_refused(loop):
                 loop.run_until_complete(call())
     finally:
         sslsock.close()
+
+
+def test_results_come_in_stopiterations_of_their_own(loop, unix_pair):
+    # sock_recv ready at once ends its first send() with StopIteration(data),
+    # args (data,), nothing left from the one before; sock_sendall with
+    # StopIteration() (value None).
+    a, b = unix_pair
+
+    def finish(coro):
+        try:
+            coro.send(None)
+        except StopIteration as exc:
+            return exc
+        raise AssertionError("the call did not end")
+
+    async def main():
+        kept = None
+        for data in (b"one", b"two", b"three"):
+            b.send(data)
+            exc = finish(loop.sock_recv(a, 100))
+            assert (exc.value, exc.args) == (data, (data,))
+            assert exc.__traceback__.tb_next is None
+            assert exc.__context__ is None and vars(exc) == {}
+            exc.add_note("note")
+            exc.__context__ = ValueError("context")
+            if kept is None:
+                kept = exc
+            del exc
+        assert (kept.value, kept.args) == (b"one", (b"one",))
+        exc = finish(loop.sock_sendall(a, b"x"))
+        assert exc.value is None and exc.args == ()
+        assert b.recv(10) == b"x"
+
+    arun(loop, main())

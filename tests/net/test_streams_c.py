@@ -14,6 +14,7 @@ import contextlib
 import gc
 import socket
 import sys
+import sysconfig
 import warnings
 import weakref
 
@@ -758,6 +759,67 @@ def test_stop_iteration_thrown_before_start_as_coroutines_do(loop, streams_path)
                 assert err.value is stop
             with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):
                 coro.send(None)
+        await closing(writer, peer)
+
+    arun(loop, main())
+
+
+def test_each_result_comes_in_a_stopiteration_of_its_own(loop, streams_path):
+    # A read that ends when first sent to raises StopIteration(data) with
+    # args (data,) and nothing else on it, as a coroutine does: also after
+    # the previous one was given notes, a context, a cause and attributes,
+    # and when the previous one is still kept.  (3.12+ with a GIL, C path:
+    # the one exception is raised again while nothing else holds it.)
+    reused = (streams_path == "c" and sys.version_info >= (3, 12)
+              and not sysconfig.get_config_var("Py_GIL_DISABLED"))
+
+    def finish(coro):
+        try:
+            coro.send(None)
+        except StopIteration as exc:
+            return exc
+        raise AssertionError("the read did not end")
+
+    def is_fresh(exc, data):
+        tb = exc.__traceback__
+        assert tb is not None and tb.tb_next is None      # finish() only
+        assert tb.tb_frame.f_code is finish.__code__
+        assert (exc.value, exc.args) == (data, (data,))
+        assert exc.__context__ is None and exc.__cause__ is None
+        assert not exc.__suppress_context__ and vars(exc) == {}
+        assert not hasattr(exc, "__notes__")
+
+    async def main():
+        reader, writer, peer = await stream_pair()
+        peer.sendall(b"one\ntwo\nthree\nfour\n")
+        await settle(reader, 19)
+        first = finish(reader.readline())
+        is_fresh(first, b"one\n")
+        first.add_note("a note")
+        first.mark = 1
+        first.__context__ = ValueError("context")
+        first.__cause__ = KeyError("cause")
+        first_id = id(first)
+        del first
+        second = finish(reader.readline())
+        is_fresh(second, b"two\n")
+        if reused:
+            assert id(second) == first_id
+        kept = second
+        third = finish(reader.readline())
+        assert third is not kept
+        is_fresh(third, b"three\n")
+        assert (kept.value, kept.args) == (b"two\n", (b"two\n",))
+        del third
+        is_fresh(finish(reader.readline()), b"four\n")
+        # drain() ends with None: StopIteration() from send(), and from
+        # next() when the iterator simply ends
+        with pytest.raises(StopIteration) as err:
+            writer._protocol._drain_helper().send(None)
+        assert err.value.value is None
+        with pytest.raises(StopIteration) as err:
+            next(writer._protocol._drain_helper().__await__())
+        assert err.value.value is None
         await closing(writer, peer)
 
     arun(loop, main())

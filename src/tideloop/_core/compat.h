@@ -20,26 +20,94 @@
 #include <string.h>
 
 /* -- StopIteration carrying a value (a C awaitable's send() returning) --
- * 3.11-3.12: _PyGen_SetStopIterationValue (cpython/genobject.h).
- * 3.13+: no longer declared outside the core; fallback: raise
- * StopIteration(value) as an instance (the same thing, one call more). */
-#if PY_VERSION_HEX < 0x030D0000
+ * From 3.12 the interpreter's SEND calls tp_iternext (or send()) of an
+ * awaited object that is not a generator -- 3.11's used am_send -- so each
+ * await of a C op that ends with a value raises StopIteration(value): an
+ * exception and its args made and freed, about a thousand instructions,
+ * more than a buffered readline() itself.  On 3.12+ with a GIL, *cache
+ * keeps one StopIteration to raise again while nothing else holds it
+ * (reference count 1), refitted as a new one is: value, args, and no
+ * traceback, context, cause, notes or attributes left from the last time.
+ * Only bytes up to TL_STOP_ITERATION_KEEP are carried so (the cache keeps
+ * the last value alive until the next: bytes have no finalizer, and the
+ * size is bounded); other values, free-threaded builds (threads share the
+ * cache) and a cache held elsewhere get a new exception each time.
+ * 3.11: _PyGen_SetStopIterationValue (cpython/genobject.h; seldom
+ * reached: its SEND uses am_send). */
+#define TL_STOP_ITERATION_KEEP 65536
+#if PY_VERSION_HEX < 0x030C0000
 #  define TL_COMPAT_STOP_ITERATION "private"
 static inline int
-tl_set_stop_iteration_value(PyObject *value)
+tl_set_stop_iteration_value(PyObject **cache, PyObject *value)
 {
+    (void)cache;
     return _PyGen_SetStopIterationValue(value);
 }
 #else
-#  define TL_COMPAT_STOP_ITERATION "fallback"
+#  ifdef Py_GIL_DISABLED
+#    define TL_COMPAT_STOP_ITERATION "fallback"
+#  else
+#    define TL_COMPAT_STOP_ITERATION "reused"
+#  endif
 static inline int
-tl_set_stop_iteration_value(PyObject *value)
+tl_set_stop_iteration_value(PyObject **cache, PyObject *value)
 {
-    PyObject *e = PyObject_CallOneArg(PyExc_StopIteration, value);
-    if (e == NULL)
+#  ifndef Py_GIL_DISABLED
+    PyObject *e = *cache;
+    if (e != NULL && Py_REFCNT(e) == 1 && PyBytes_CheckExact(value)
+            && PyBytes_GET_SIZE(value) <= TL_STOP_ITERATION_KEEP) {
+        PyBaseExceptionObject *b = (PyBaseExceptionObject *)e;
+        PyStopIterationObject *si = (PyStopIterationObject *)e;
+        /* Out of the cache while refitted: dropping what it held may run
+         * code that raises a StopIteration of its own. */
+        *cache = NULL;
+        PyObject *old[8] = {si->value, b->traceback, b->context, b->cause,
+                            b->notes, b->dict, NULL, NULL};
+        PyObject *args = b->args;
+        if (args != NULL && PyTuple_CheckExact(args) && Py_REFCNT(args) == 1
+                && PyTuple_GET_SIZE(args) == 1) {
+            /* (value,) held by nothing else: refilled.  Only bytes go in
+             * (no GC tracking needed); 3.14+ caches a tuple's hash. */
+            old[6] = PyTuple_GET_ITEM(args, 0);
+            PyTuple_SET_ITEM(args, 0, Py_NewRef(value));
+#    if PY_VERSION_HEX >= 0x030E0000
+            ((PyTupleObject *)args)->ob_hash = -1;
+#    endif
+        }
+        else {
+            old[7] = args;
+            b->args = PyTuple_Pack(1, value);
+            if (b->args == NULL) {
+                b->args = old[7];
+                *cache = e;
+                return -1;
+            }
+        }
+        si->value = Py_NewRef(value);
+        b->traceback = b->context = b->cause = b->notes = b->dict = NULL;
+        b->suppress_context = 0;
+        for (int i = 0; i < 8; i++)
+            Py_XDECREF(old[i]);
+        if (*cache == NULL)
+            *cache = Py_NewRef(e);
+        PyErr_SetRaisedException(e);
+        return 0;
+    }
+#  endif
+    if (value == Py_None) {          /* StopIteration(), as a coroutine's */
+        PyErr_SetNone(PyExc_StopIteration);
+        return 0;
+    }
+    PyObject *fresh = PyObject_CallOneArg(PyExc_StopIteration, value);
+    if (fresh == NULL)
         return -1;
-    PyErr_SetObject(PyExc_StopIteration, e);
-    Py_DECREF(e);
+#  ifdef Py_GIL_DISABLED
+    (void)cache;
+#  else
+    if (PyBytes_CheckExact(value) && PyBytes_GET_SIZE(value) <= TL_STOP_ITERATION_KEEP)
+        Py_XSETREF(*cache, Py_NewRef(fresh));
+#  endif
+    PyErr_SetRaisedException(fresh);
     return 0;
 }
 #endif

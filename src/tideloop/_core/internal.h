@@ -240,6 +240,7 @@ enum {
     X(futures_dict)    /* asyncio.futures.__dict__ */                      \
     X(SSLSocket)       /* ssl.SSLSocket, imported on first need */         \
     X(empty_vars)      /* the variables of an empty Context */          \
+    X(stop_iteration)  /* a StopIteration raised again (compat.h) */    \
     /* tls.c, set by _tls_setup() (tideloop._tls); NULL before: */         \
     X(SSLProtocol)     /* asyncio.sslproto.SSLProtocol: adopted exactly */ \
     X(tls_adopt)       /* tideloop._tls.adopt(protocol) -> engine|None */  \

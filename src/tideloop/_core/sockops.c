@@ -447,8 +447,11 @@ op_am_send(SockOpObject *self, PyObject *arg, PyObject **result)
     return yielded ? PYGEN_NEXT : PYGEN_RETURN;
 }
 
+/* send()'s and iternext's end: the yielded future, or NULL with
+ * StopIteration(result) (iternext, which SEND calls from 3.12: no
+ * exception at all for None, as iterators end). */
 static PyObject *
-op_send(SockOpObject *self, PyObject *Py_UNUSED(arg))
+op_send_out(SockOpObject *self, int iternext)
 {
     PyObject *out = NULL;
     int yielded;
@@ -456,14 +459,22 @@ op_send(SockOpObject *self, PyObject *Py_UNUSED(arg))
         return NULL;
     if (yielded)
         return out;
-    tl_set_stop_iteration_value(out);
+    if (out != Py_None || !iternext)
+        tl_set_stop_iteration_value(&self->loop->state->stop_iteration, out);
     Py_DECREF(out);
     return NULL;
 }
+
+static PyObject *
+op_send(SockOpObject *self, PyObject *Py_UNUSED(arg))
+{
+    return op_send_out(self, 0);
+}
+
 static PyObject *
 op_iternext(SockOpObject *self)
 {
-    return op_send(self, Py_None);
+    return op_send_out(self, 1);
 }
 
 static PyObject *

@@ -1110,26 +1110,40 @@ op_am_send(OpObject *self, PyObject *arg, PyObject **result)
     return op_step(self, arg, NULL, result);
 }
 
+/* The end of a send()/throw() step as a coroutine's own methods give it:
+ * the yielded object, or NULL with StopIteration(result) (iternext: no
+ * exception at all for a result of None, as iterators end). */
+static PyObject *
+op_step_out(OpObject *self, PySendResult r, PyObject *res, int iternext)
+{
+    if (r != PYGEN_RETURN)
+        return r == PYGEN_NEXT ? res : NULL;
+    if (res == Py_None) {
+        if (!iternext)
+            PyErr_SetNone(PyExc_StopIteration);
+    }
+    else
+        tl_set_stop_iteration_value(&self->state->stop_iteration, res);
+    Py_DECREF(res);
+    return NULL;
+}
+
 static PyObject *
 op_send(OpObject *self, PyObject *arg)
 {
     PyObject *res;
     PySendResult r = op_step(self, arg, NULL, &res);
-    if (r == PYGEN_RETURN) {
-        if (res == Py_None)
-            PyErr_SetNone(PyExc_StopIteration);
-        else
-            tl_set_stop_iteration_value(res);
-        Py_DECREF(res);
-        return NULL;
-    }
-    return r == PYGEN_NEXT ? res : NULL;
+    return op_step_out(self, r, res, 0);
 }
 
+/* What the interpreter's SEND calls from 3.12 when a coroutine awaits this
+ * (3.11's: am_send). */
 static PyObject *
 op_iternext(OpObject *self)
 {
-    return op_send(self, Py_None);
+    PyObject *res;
+    PySendResult r = op_step(self, Py_None, NULL, &res);
+    return op_step_out(self, r, res, 1);
 }
 
 /* throw(exc) / throw(type[, value[, traceback]]) as a coroutine takes it. */
@@ -1172,12 +1186,7 @@ op_throw(OpObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyException_SetTraceback(exc, tb);
     PyObject *res;
     PySendResult r = op_step(self, Py_None, exc, &res);
-    if (r == PYGEN_RETURN) {
-        tl_set_stop_iteration_value(res);
-        Py_DECREF(res);
-        return NULL;
-    }
-    return r == PYGEN_NEXT ? res : NULL;
+    return op_step_out(self, r, res, 0);
 }
 
 /* close(): GeneratorExit into the wait (its finally runs), or nothing. */
