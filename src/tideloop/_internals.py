@@ -84,8 +84,9 @@ REGISTRY = (
         "none needed: asyncio's own loops use the same names"),
     Internal(
         "stop_iteration_value", "build time",
-        "_PyGen_SetStopIterationValue", "a C awaitable returning its value",
-        "3.11-3.12 (private), 3.13+: fallback", "compiled per version",
+        "_PyGen_SetStopIterationValue; the fields of StopIteration and its args tuple",
+        "a C awaitable returning its value (3.12+: one StopIteration raised again)",
+        "3.11 (private), 3.12+: reused, free-threaded: fallback", "compiled per version",
         "StopIteration(value) raised as an instance"),
     Internal(
         "hash_double", "build time", "_Py_HashDouble", "TimerHandle.__hash__ as hash(float)",
@@ -105,8 +106,10 @@ REGISTRY = (
         "the C streams path sees a stream class changed since its check",
         "3.11-3.15", "compiled per version", "the C streams path off"),
     Internal(
-        "bytearray_empty", "build time", "PyByteArrayObject's fields",
-        "emptying a bytearray buffer that keeps its storage", "3.11-3.14",
+        "bytearray_empty", "build time",
+        "PyByteArrayObject's fields; its storage's allocator (PyObject_ to 3.12, PyMem_ from 3.13)",
+        "a StreamReader buffer emptied, consumed and appended to without new storage; "
+        "large storage lent to the next buffer that grows (with a GIL)", "3.11-3.14",
         "compiled per version", "bytearray resize (public)"),
 )
 

@@ -840,6 +840,66 @@ def test_never_awaited_read_warns(loop, streams_path):
     arun(loop, main())
 
 
+async def big_messages(loop, conns, seed):
+    """conns stream pairs (asyncio's default limit), each sent messages of
+    100-300 KiB by a task while it reads them back with read(65536),
+    readexactly() and readuntil(); every byte is checked."""
+    import random
+    rng = random.Random(seed)
+    pairs = [await stream_pair(limit=2 ** 16) for _ in range(conns)]
+    for _, _, peer in pairs:
+        peer.setblocking(False)
+
+    async def one(reader, peer, rounds):
+        for r in range(rounds):
+            data = rng.randbytes(rng.randrange(100 * 1024, 300 * 1024)) + b"\n"
+            sending = asyncio.ensure_future(loop.sock_sendall(peer, data))
+            got = bytearray()
+            while len(got) < len(data):
+                how = (r + len(got)) % 3
+                if how == 0:
+                    got += await reader.read(65536)
+                elif how == 1:
+                    got += await reader.readexactly(min(40000, len(data) - len(got)))
+                else:
+                    got += await reader.readuntil(b"\n") if len(data) - len(got) < 65536 \
+                        else await reader.read(30000)
+            await sending
+            assert bytes(got) == data, r
+
+    await wait(asyncio.gather(*(one(reader, peer, 6) for reader, _, peer in pairs)), 60)
+    return pairs
+
+
+def test_large_messages_on_many_connections_arrive_whole(loop, streams_path):
+    async def main():
+        for reader, writer, peer in await big_messages(loop, 4, 1):
+            peer.setblocking(True)
+            await closing(writer, peer)
+
+    arun(loop, main())
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 15) or sysconfig.get_config_var("Py_GIL_DISABLED"),
+                    reason="the storage pool is 3.11-3.14's with a GIL (3.15: take_bytes)")
+def test_large_buffer_storage_is_lent_then_given_back(loop, streams_path):
+    # Emptied large buffers lend their storage to the next that grows, and
+    # a second without anything to do gives it back.
+    if streams_path != "c":
+        pytest.skip("the C path's")
+
+    async def main():
+        pairs = await big_messages(loop, 2, 2)
+        assert core_stats()["storage_pooled"] > 0
+        await asyncio.sleep(1.2)
+        assert core_stats()["storage_pooled"] == 0
+        for reader, writer, peer in pairs:
+            peer.setblocking(True)
+            await closing(writer, peer)
+
+    arun(loop, main())
+
+
 def test_dropped_streams_are_freed_without_the_cycle_collector(loop, streams_path):
     async def main():
         reader, writer, peer = await stream_pair()

@@ -322,26 +322,76 @@ tl_type_version(PyTypeObject *tp)
     return __atomic_load_n(&tp->tp_version_tag, __ATOMIC_RELAXED);
 }
 
-/* -- Emptying a bytearray that keeps its storage (streams.c: a
- * StreamReader's buffer, read whole, is about to be filled again) --
- * 3.11-3.14: the PyByteArrayObject fields (cpython/bytearrayobject.h):
- * size 0 and the start back at the storage's beginning, as a "minor
- * downsize" of PyByteArray_Resize leaves it; only with no buffer exported
- * and small storage (a large one is given back, as bytearray.clear()
- * does).  3.15: the storage is a bytes object that bytearray.take_bytes()
- * hands over whole instead (streams.c calls that); fallback: Resize(0). */
+/* -- A StreamReader's buffer: emptied, consumed, appended to (streams.c) --
+ * 3.11-3.14: the PyByteArrayObject fields (cpython/bytearrayobject.h).
+ * Emptied: size 0 and the start back at the storage's beginning, as a
+ * "minor downsize" of PyByteArray_Resize leaves it, when no buffer is
+ * exported and the storage is small; larger storage (a 100 KiB message's)
+ * goes to a pool of the interpreter's (tl_storage_pool) for the next
+ * buffer that must grow, instead of back to malloc: freed and made again
+ * for every message, it made glibc give the top of its heap back and
+ * fault it in again (11 page faults a request, a quarter of the server's
+ * CPU, at 100 KiB).  The pool is bounded (TL_STORAGE_SLOTS of at most
+ * TL_STORAGE_MAX) and emptied after a second with nothing to do
+ * (loop.c) and with the module.  Free-threaded builds (their allocator
+ * keeps pages per thread; threads would share the pool) and bytearrays
+ * whose storage is not theirs to lend keep Resize(0), as clear() does.
+ * The storage is bytearray's own allocation: PyObject_Malloc'd up to 3.12,
+ * PyMem_Malloc'd from 3.13 (PYTHONMALLOC=debug tells the two apart).
+ * 3.15: the storage is a bytes object that bytearray.take_bytes() hands
+ * over whole instead (streams.c calls that); fallback: Resize(0). */
 #define TL_BYTEARRAY_KEEP_MAX (64 * 1024)
+#define TL_STORAGE_SLOTS 16
+#define TL_STORAGE_MAX (512 * 1024)
+typedef struct {
+    char *bytes[TL_STORAGE_SLOTS];
+    Py_ssize_t alloc[TL_STORAGE_SLOTS];
+    int n;
+    int closed;                  /* the module is going: nothing lent */
+} tl_storage_pool;
+
+#if PY_VERSION_HEX < 0x030D0000
+#  define tl_bytearray_storage_free PyObject_Free
+#else
+#  define tl_bytearray_storage_free PyMem_Free
+#endif
+
+static inline void
+tl_storage_pool_clear(tl_storage_pool *pool)
+{
+    while (pool->n > 0)
+        tl_bytearray_storage_free(pool->bytes[--pool->n]);
+}
+
+#if PY_VERSION_HEX < 0x030F0000 && !defined(Py_GIL_DISABLED)
+#  define TL_STORAGE_POOLED 1
+#else
+#  define TL_STORAGE_POOLED 0
+#endif
+
 #if PY_VERSION_HEX < 0x030F0000
 #  define TL_COMPAT_BYTEARRAY_EMPTY "struct-fields"
 static inline int
-tl_bytearray_empty(PyObject *buf)
+tl_bytearray_empty(PyObject *buf, tl_storage_pool *pool)
 {
     PyByteArrayObject *b = (PyByteArrayObject *)buf;
-    if (b->ob_exports == 0 && b->ob_bytes != NULL && b->ob_alloc <= TL_BYTEARRAY_KEEP_MAX) {
-        Py_SET_SIZE(b, 0);
-        b->ob_start = b->ob_bytes;
-        b->ob_bytes[0] = '\0';
-        return 0;
+    if (b->ob_exports == 0 && b->ob_bytes != NULL) {
+        if (b->ob_alloc <= TL_BYTEARRAY_KEEP_MAX) {
+            Py_SET_SIZE(b, 0);
+            b->ob_start = b->ob_bytes;
+            b->ob_bytes[0] = '\0';
+            return 0;
+        }
+        if (TL_STORAGE_POOLED && pool->n < TL_STORAGE_SLOTS && !pool->closed
+                && b->ob_alloc <= TL_STORAGE_MAX) {
+            /* lent to the pool; the bytearray is as bytearray() makes it */
+            pool->bytes[pool->n] = b->ob_bytes;
+            pool->alloc[pool->n++] = b->ob_alloc;
+            b->ob_bytes = b->ob_start = NULL;
+            b->ob_alloc = 0;
+            Py_SET_SIZE(b, 0);
+            return 0;
+        }
     }
     return PyByteArray_Resize(buf, 0);
 }
@@ -360,20 +410,44 @@ tl_bytearray_consume(PyObject *buf, Py_ssize_t n)
     return 0;
 }
 
-/* buf.extend(data[:n]): into the storage's room when there is room
- * (PyByteArray_Resize would give back storage more than twice the new
- * size, which an emptied buffer has), else through PyByteArray_Resize. */
+/* buf.extend(data[:n]): into the storage's room when there is room, the
+ * live bytes moved to its beginning if that makes room (PyByteArray_Resize
+ * would copy them into new storage), else into storage from the pool that
+ * is large enough, else through PyByteArray_Resize. */
 static inline int
-tl_bytearray_append(PyObject *buf, const char *data, Py_ssize_t n)
+tl_bytearray_append(PyObject *buf, const char *data, Py_ssize_t n,
+                    tl_storage_pool *pool)
 {
     PyByteArrayObject *b = (PyByteArrayObject *)buf;
     Py_ssize_t len = Py_SIZE(b);
-    if (b->ob_exports == 0 && b->ob_bytes != NULL &&
-        (b->ob_start - b->ob_bytes) + len + n + 1 <= b->ob_alloc) {
-        memcpy(b->ob_start + len, data, (size_t)n);
-        Py_SET_SIZE(b, len + n);
-        b->ob_start[len + n] = '\0';
-        return 0;
+    if (b->ob_exports == 0) {
+        if (b->ob_bytes != NULL && len + n + 1 <= b->ob_alloc) {
+            if ((b->ob_start - b->ob_bytes) + len + n + 1 > b->ob_alloc) {
+                memmove(b->ob_bytes, b->ob_start, (size_t)len);
+                b->ob_start = b->ob_bytes;
+            }
+            memcpy(b->ob_start + len, data, (size_t)n);
+            Py_SET_SIZE(b, len + n);
+            b->ob_start[len + n] = '\0';
+            return 0;
+        }
+        for (int i = TL_STORAGE_POOLED ? pool->n - 1 : -1; i >= 0; i--) {
+            if (pool->alloc[i] < len + n + 1)
+                continue;
+            char *storage = pool->bytes[i], *old = b->ob_bytes;
+            b->ob_alloc = pool->alloc[i];
+            pool->n--;
+            pool->bytes[i] = pool->bytes[pool->n];
+            pool->alloc[i] = pool->alloc[pool->n];
+            if (len > 0)
+                memcpy(storage, b->ob_start, (size_t)len);
+            memcpy(storage + len, data, (size_t)n);
+            storage[len + n] = '\0';
+            b->ob_bytes = b->ob_start = storage;
+            Py_SET_SIZE(b, len + n);
+            tl_bytearray_storage_free(old);
+            return 0;
+        }
     }
     if (PyByteArray_Resize(buf, len + n) < 0)
         return -1;
@@ -383,8 +457,9 @@ tl_bytearray_append(PyObject *buf, const char *data, Py_ssize_t n)
 #else
 #  define TL_COMPAT_BYTEARRAY_EMPTY "fallback"
 static inline int
-tl_bytearray_empty(PyObject *buf)
+tl_bytearray_empty(PyObject *buf, tl_storage_pool *pool)
 {
+    (void)pool;
     return PyByteArray_Resize(buf, 0);
 }
 
@@ -395,8 +470,10 @@ tl_bytearray_consume(PyObject *buf, Py_ssize_t n)
 }
 
 static inline int
-tl_bytearray_append(PyObject *buf, const char *data, Py_ssize_t n)
+tl_bytearray_append(PyObject *buf, const char *data, Py_ssize_t n,
+                    tl_storage_pool *pool)
 {
+    (void)pool;
     Py_ssize_t len = PyByteArray_GET_SIZE(buf);
     if (PyByteArray_Resize(buf, len + n) < 0)
         return -1;

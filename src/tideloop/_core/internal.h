@@ -337,6 +337,8 @@ typedef struct {
      * methods were last found to be asyncio's own (0: not yet). */
     int streams_on;
     struct OpObject *stream_op_freelist;   /* recycled StreamOps */
+    tl_storage_pool storage_pool;          /* readers' buffer storage
+                                              (compat.h) */
     int stream_op_nfree;
     int stream_op_freelist_closed;
     /* Counts since import (relaxed atomics): connections whose reader got

@@ -486,6 +486,10 @@ poll_events(LoopObject *self, int64_t timeout_ns, int64_t *woke_ns)
         TL_ATOMIC_SET(&self->sleeping, 0);
         *woke_ns = tl_now_ns();
         tl_health_slept(health, *woke_ns - t0);
+        /* A second with nothing to do: the readers' lent buffer storage
+         * goes back to the allocator (compat.h). */
+        if (self->state->storage_pool.n && *woke_ns - t0 >= 1000000000)
+            tl_storage_pool_clear(&self->state->storage_pool);
     }
     if (*woke_ns == 0)
         *woke_ns = tl_now_ns();

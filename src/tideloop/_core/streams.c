@@ -239,7 +239,7 @@ buf_take(tl_state *st, PyObject *buf, Py_ssize_t n, int clear_all)
          * storage behind an empty bytearray). */
         int rc = 0;
         if (n == len)
-            rc = tl_bytearray_empty(buf);
+            rc = tl_bytearray_empty(buf, &st->storage_pool);
         else if (n > 0)
             rc = tl_bytearray_consume(buf, n);
         if (rc < 0)
@@ -398,7 +398,7 @@ feed_data(tl_state *st, PyObject *reader, PyObject *rd, const char *data,
     PyObject *buf = PyDict_GetItemWithError(rd, st->str_s_buffer);
     if (eof != Py_False || buf == NULL || !PyByteArray_CheckExact(buf))
         return PyErr_Occurred() ? -1 : 0;
-    if (tl_bytearray_append(buf, data, n) < 0)
+    if (tl_bytearray_append(buf, data, n, &st->storage_pool) < 0)
         return -1;
     if (wakeup_waiter(st, reader, rd) < 0)
         return -1;
@@ -1352,6 +1352,8 @@ tl_streams_free_list(tl_state *st)
         PyObject_GC_Del(op);
     }
     st->stream_op_nfree = 0;
+    st->storage_pool.closed = 1;
+    tl_storage_pool_clear(&st->storage_pool);
 }
 
 static PyMethodDef op_methods[] = {
@@ -1955,20 +1957,22 @@ static PyObject *
 streams_stats(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     tl_state *st = PyModule_GetState(module);
-    return Py_BuildValue("{sKsKsKsKsK}",
+    return Py_BuildValue("{sKsKsKsKsKsi}",
                          "connections", (unsigned long long)TL_ATOMIC_GET(&st->s_adopted),
                          "drain_helpers", (unsigned long long)TL_ATOMIC_GET(&st->s_drain_helpers),
                          "calls_in_c", (unsigned long long)TL_ATOMIC_GET(&st->s_ops_c),
                          "calls_to_asyncio",
                          (unsigned long long)TL_ATOMIC_GET(&st->s_ops_python),
                          "feeds_to_asyncio",
-                         (unsigned long long)TL_ATOMIC_GET(&st->s_feeds_python));
+                         (unsigned long long)TL_ATOMIC_GET(&st->s_feeds_python),
+                         "storage_pooled", st->storage_pool.n);
 }
 
 const PyMethodDef tl_streams_module_methods[] = {
     {"streams_stats", streams_stats, METH_NOARGS,
      "Counts of asyncio streams' C data path since import: connections, drain_helpers, "
-     "calls_in_c, calls_to_asyncio, feeds_to_asyncio."},
+     "calls_in_c, calls_to_asyncio, feeds_to_asyncio; and storage_pooled, the "
+     "readers' buffer storages kept for the next buffer that grows."},
     {"_streams_setup", streams_setup, METH_VARARGS, NULL},
     {"streams_fast_path", streams_fast_path, METH_NOARGS,
      "Whether new stream connections get asyncio streams' C data path."},
