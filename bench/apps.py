@@ -472,7 +472,7 @@ def cpu_of(pids):
     """Summed (utime, stime, sched) of ``pids`` from /proc."""
     u = s = sched = 0.0
     for pid in pids:
-        pu, ps, psched = procs.proc_times(pid)
+        pu, ps, psched, _ = procs.proc_times(pid)
         u, s = u + pu, s + ps
         sched = None if sched is None or psched is None else sched + psched
     return u, s, sched

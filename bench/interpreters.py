@@ -127,7 +127,7 @@ class Snapshot:
     def __init__(self, pids):
         self.cpu = 0.0
         for pid in pids:
-            user, system, _ = procs.proc_times(pid)
+            user, system, _, _ = procs.proc_times(pid)
             self.cpu += user + system
         self.busy, self.steal = procs.machine_cpu()
         self.t = time.monotonic()

@@ -49,6 +49,7 @@ import argparse
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -274,6 +275,21 @@ def _summarise(kind, size, conns, samples, errors):
         "samples": {n: s for n, s in samples.items() if s},
         "errors": dict(errors),
     }
+
+
+def page_faulting(rows, threshold=1.0):
+    """{server: "kind size: N, ..."} for the servers whose median minor page
+    faults per request exceed ``threshold`` in a row: their CPU per request
+    is then mostly the kernel mapping memory, not the loop's own work."""
+    out = {}
+    for r in rows:
+        for name, xs in r["samples"].items():
+            faults = [x["minflt_per_req"] for x in xs if x.get("minflt_per_req") is not None]
+            if faults and statistics.median(faults) > threshold:
+                label = "C" if name == FLOOR else name
+                cell = f"{r['kind']} {harness.fmt_size(r['size'])}: {statistics.median(faults):.1f}"
+                out[label] = f"{out[label]}, {cell}" if label in out else cell
+    return out
 
 
 def _ratio(row, a, b):
@@ -569,7 +585,9 @@ def main(argv=None):
                       + "  us/req " + " ".join(_fmt_us(x["cpu_us_per_req"]) for x in xs)
                       + "  server CPU " + " ".join(f"{x['server_cpu_util']:.0%}"
                                                    for x in xs if x.get("server_cpu_util") is not None)
-                      + "  other " + " ".join(f"{x.get('other_cpu', 0):.0%}" for x in xs))
+                      + "  other " + " ".join(f"{x.get('other_cpu', 0):.0%}" for x in xs)
+                      + "  faults/req " + " ".join(f"{x['minflt_per_req']:.1f}" for x in xs
+                                                   if x.get("minflt_per_req") is not None))
     floor_in = sorted(with_floor_kinds, key=KINDS.index)
     print(f"rps = requests/s seen by loadgen; us/req = server CPU (utime+stime of the "
           f"server process, /proc/<pid>/stat) per request; median of {cfg.repeat} "
@@ -585,6 +603,11 @@ def main(argv=None):
               f"connection per request (connect, full handshake, one {HANDSHAKE_SIZE} B echo, "
               f"close_notify both ways), so rps = handshakes/s and us/req = server CPU per "
               f"connection, on the tls-protocol servers; its target is on rps.")
+    faulting = page_faulting(rows)
+    if faulting:
+        print("page faults per request (median; memory mapped and unmapped per request, "
+              "e.g. glibc trimming the heap top and growing it back): "
+              + "; ".join(f"{name} {cells}" for name, cells in faulting.items()))
     loop_samples = [x for r in rows for xs in r["samples"].values() for x in xs]
     floor_samples = [x for f in floor.values() for x in f["samples"]]
     for line in (procs.load_line(loop_samples + floor_samples, "the measured windows",
@@ -611,6 +634,8 @@ def main(argv=None):
         "environment": procs.environment(cpus, ROOT, versions, core),
         "floor": [{"family": f, "size": s, "conns": c, **v}
                   for (f, s, c), v in floor.items()],
+        # server -> its cells with more than one page fault per request
+        "page_faulting": faulting,
         "results": rows,
     })
     if args.json:

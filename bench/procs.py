@@ -268,12 +268,13 @@ def driver_config(args, choices, what, durations, warmups, src):
 
 def proc_times(pid):
     """(utime, stime) in seconds from /proc/<pid>/stat (all threads, 10 ms
-    ticks) and the sum of the threads' run time from schedstat (ns
-    resolution) in seconds, or None."""
+    ticks), the sum of the threads' run time from schedstat (ns resolution)
+    in seconds or None, and the process's minor page faults."""
     with open(f"/proc/{pid}/stat") as f:
         stat = f.read()
     fields = stat[stat.rindex(")") + 2:].split()
     utime, stime = int(fields[11]), int(fields[12])     # fields 14, 15
+    minflt = int(fields[7])                              # field 10
     sched = 0
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
@@ -282,7 +283,7 @@ def proc_times(pid):
         sched_s = sched / 1e9
     except (OSError, ValueError, IndexError):
         sched_s = None
-    return utime / CLK_TCK, stime / CLK_TCK, sched_s
+    return utime / CLK_TCK, stime / CLK_TCK, sched_s, minflt
 
 
 def machine_cpu():
@@ -300,7 +301,7 @@ class Snapshot:
 
     def __init__(self, pid=None):
         if pid is not None:
-            self.user, self.system, self.sched = proc_times(pid)
+            self.user, self.system, self.sched, self.minflt = proc_times(pid)
             self.cpu = self.user + self.system
         self.busy, self.steal = machine_cpu()
         self.t = time.monotonic()
@@ -510,6 +511,11 @@ def server_figures(result, start, end):
         "server_cpu_util": round(cpu / seconds, 3) if seconds > 0 else None,
         "latency_us": result["latency_us"],
         "client_cpu_s": result["client_cpu_s"],
+        # A server that maps and unmaps memory per request (a large read
+        # buffer made and freed each time, or glibc trimming the heap top
+        # and growing it back) shows here: its CPU per request is that.
+        "minflt_per_req": (round((end.minflt - start.minflt) / result["requests"], 3)
+                           if result["requests"] else None),
     }
     sample.update(other_load(start, end, cpu + result["client_cpu_s"]))
     return sample

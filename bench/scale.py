@@ -72,7 +72,7 @@ def rss_of(pid):
 
 
 def cpu_of(pid):
-    utime, stime, sched = procs.proc_times(pid)
+    utime, stime, sched, _ = procs.proc_times(pid)
     return sched if sched is not None else utime + stime
 
 

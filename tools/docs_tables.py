@@ -758,6 +758,11 @@ def net_peers_table():
                 + table(header, rows, left=2))
         if notes:
             text += "\n\n" + "; ".join(notes)
+        faulting = doc.get("page_faulting")
+        if faulting:
+            text += ("\n\nServers that mapped memory per request (median minor page faults "
+                     "per request; their CPU per request is mostly the kernel's): "
+                     + "; ".join(f"{lp} ({cells})" for lp, cells in faulting.items()) + ".")
         text += ("\n\n" + ", ".join(v for k, v in versions.items()
                                     if k in loops and k != "asyncio" and isinstance(v, str))
                  + f"; `{command(doc)}` (`results/{name}`).")

@@ -67,3 +67,25 @@ def test_output_without_uvloop(bench, no_uvloop):
     assert re.search(r"\b0\.\d\dx|\b\d+\.\d\dx", rows[0])      # tl/aio, a ratio
     assert "n/a" not in p.stdout
     assert "--loops asyncio,tideloop" in p.stdout          # reproduce: what was measured
+
+
+def test_page_faulting_servers_are_named():
+    """A server whose median sample maps memory per request is named with
+    its cells; one fault in one sample of three is not."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench import net
+    finally:
+        sys.path.remove(str(ROOT))
+
+    def samples(*faults):
+        return [{"minflt_per_req": f} for f in faults]
+
+    rows = [{"kind": "protocol", "size": 1024, "samples": {
+                "asyncio": samples(6.1, 5.9, 6.0), "tideloop": samples(0.0, 3.0, 0.0),
+                net.FLOOR: samples(0.0, 0.0, 0.0)}},
+            {"kind": "streams", "size": 102400, "samples": {
+                "asyncio": samples(2.0, 2.5, 1.5), "uvloop": samples(0.1, None, 0.2),
+                net.FLOOR: samples(4.0, 4.0, 4.0)}}]
+    assert net.page_faulting(rows) == {"asyncio": "protocol 1 KiB: 6.0, streams 100 KiB: 2.0",
+                                       "C": "streams 100 KiB: 4.0"}
