@@ -1257,3 +1257,44 @@ def test_reader_armed_again_takes_the_new_context(loop):
         await close_all([p.transport], [a2])
 
     arun(loop, main())
+
+
+# ---------------------------------------------------------------- reads
+
+
+READ_SIZES = [1000, 1000, 900, 1000, 600, 4000, 3500, 3900, 700, 12000, 11000, 9000, 1000]
+
+
+def test_each_read_is_a_bytes_object_of_its_own(loop, kind, tmp_path):
+    """Reads a protocol keeps stay as they arrived whatever comes after them,
+    and every read is a fresh bytes object to the protocol: its hash is its
+    own, whether the protocol kept the previous ones or let them go."""
+    keep, seen = [], []
+
+    class Keeper(asyncio.Protocol):
+        def connection_made(self, tr):
+            self.transport = tr
+
+        def data_received(self, data):
+            i = len(seen)
+            copy = bytes(bytearray(data))
+            seen.append((type(data), copy, hash(data) == hash(copy)))
+            if i % 3 == 0:
+                keep.append((data, copy))
+            self.transport.write(len(data).to_bytes(4, "big"))
+
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path, server=Keeper)
+        sent = b""
+        for n, size in enumerate(READ_SIZES):
+            chunk = bytes([n + 1]) * size
+            sent += chunk
+            ctr.write(chunk)
+            await wait_until(lambda: sum(len(c) for _, c, _ in seen) == len(sent))
+        assert b"".join(c for _, c, _ in seen) == sent
+        assert all(t is bytes for t, _, _ in seen)
+        assert all(same_hash for _, _, same_hash in seen)
+        assert keep and all(data == copy for data, copy in keep)
+        await finish(srv, ctr, spr.transport)
+
+    arun(loop, main())

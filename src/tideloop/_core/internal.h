@@ -444,6 +444,11 @@ typedef struct {
 /* Receive areas shared by the loop's transports (recvbuf.c). */
 typedef struct {
     PyObject *spare;             /* a TL_SPARE_SIZE bytes object */
+    PyObject *kept;              /* a copied-out read that its protocol let
+                                    go of (tl_recv_give_back), or NULL */
+    Py_ssize_t kept_size;        /* the size it was made with */
+    PyObject *lent;              /* the last copied-out read (borrowed: */
+    Py_ssize_t lent_size;        /*  only compared), and its size */
     char *dgram;                 /* TL_DGRAM_AREA_SIZE bytes (PyMem) */
     char *tls;                   /* TL_TLS_AREA_SIZE bytes (PyMem): TLS
                                     ciphertext in and out, plaintext in */
@@ -455,6 +460,17 @@ typedef struct {
  * (128 KiB): a larger block would be an mmap/mremap/munmap per read. */
 #define TL_SPARE_SIZE (128 * 1024 - 256)
 #define TL_HANDOVER_MIN (16 * 1024)
+/* A copied-out read longer than pymalloc's largest block (512 bytes) is a
+ * malloc and a free, ~700 instructions in glibc at 1 KiB: one that the
+ * protocol let go of is kept and refilled by the next read of a size it
+ * fits without wasting more than a quarter of it.  The GIL builds only: a
+ * free-threaded build's reference count is not one word to compare. */
+#define TL_KEEP_MIN 513
+#ifdef Py_GIL_DISABLED
+#  define TL_KEEP_READS 0
+#else
+#  define TL_KEEP_READS 1
+#endif
 #define TL_DGRAM_BATCH 8
 #define TL_DGRAM_SLOT_SIZE (64 * 1024)   /* any UDP datagram fits */
 #define TL_DGRAM_AREA_SIZE (TL_DGRAM_BATCH * TL_DGRAM_SLOT_SIZE)
@@ -686,6 +702,9 @@ tl_get_state_from_type(PyTypeObject *tp)
  * *err is 0 otherwise). */
 int tl_recv_spare(tl_recvbuf *rb, int fd, size_t max, int use_read,
                   PyObject **data, int *err);
+/* Releases data, a read tl_recv_spare gave: kept for the next read if
+ * nothing else holds it. */
+void tl_recv_give_back(tl_recvbuf *rb, PyObject *data);
 char *tl_recv_dgram_area(tl_recvbuf *rb);   /* NULL: MemoryError */
 char *tl_recv_tls_area(tl_recvbuf *rb);     /* NULL: MemoryError */
 void tl_recvbuf_clear(tl_recvbuf *rb);

@@ -109,7 +109,7 @@ rp_read_ready(PyObject *obj)
     PyObject *r = PyObject_VectorcallMethod(
         loop->state->str_data_received, args,
         2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-    Py_DECREF(data);
+    tl_recv_give_back(&loop->recv, data);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
 }

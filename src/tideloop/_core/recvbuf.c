@@ -1,12 +1,15 @@
 /* The receive areas that a loop's transports share: a spare bytes object
  * for stream and pipe reads (handed over without a copy when a read fills
- * enough of it) and a plain area for recvmmsg() batches of datagrams.
+ * enough of it; a shorter read is copied out, into the last such copy its
+ * protocol let go of when it fits) and a plain area for recvmmsg() batches
+ * of datagrams.
  *
  * May call: nothing of the core (a leaf). */
 #define _GNU_SOURCE
 #include "internal.h"
 
 #include <errno.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -16,6 +19,7 @@ tl_recv_spare(tl_recvbuf *rb, int fd, size_t max, int use_read,
 {
     *data = NULL;
     *err = 0;
+    rb->lent = NULL;
     if (rb->spare == NULL) {
         rb->spare = PyBytes_FromStringAndSize(NULL, TL_SPARE_SIZE);
         if (rb->spare == NULL)
@@ -42,8 +46,45 @@ tl_recv_spare(tl_recvbuf *rb, int fd, size_t max, int use_read,
         *data = d;
         return 0;
     }
-    *data = PyBytes_FromStringAndSize(buf, n);
-    return *data == NULL ? -1 : 0;
+    PyObject *d = rb->kept;
+    if (TL_KEEP_READS && d != NULL && n <= rb->kept_size &&
+        n >= rb->kept_size - rb->kept_size / 4) {
+        /* Refilled as a new object would be made (its hash not computed). */
+        rb->kept = NULL;
+        Py_SET_SIZE(d, n);
+        memcpy(PyBytes_AS_STRING(d), buf, (size_t)n);
+        PyBytes_AS_STRING(d)[n] = '\0';
+        _Py_COMP_DIAG_PUSH
+        _Py_COMP_DIAG_IGNORE_DEPR_DECLS
+        ((PyBytesObject *)d)->ob_shash = -1;
+        _Py_COMP_DIAG_POP
+        rb->lent_size = rb->kept_size;
+    }
+    else {
+        d = PyBytes_FromStringAndSize(buf, n);
+        if (d == NULL)
+            return -1;
+        rb->lent_size = n;
+    }
+    rb->lent = d;
+    *data = d;
+    return 0;
+}
+
+void
+tl_recv_give_back(tl_recvbuf *rb, PyObject *data)
+{
+    if (TL_KEEP_READS && data == rb->lent && Py_REFCNT(data) == 1 &&
+        rb->lent_size >= TL_KEEP_MIN) {
+        rb->lent = NULL;
+        if (rb->kept == NULL || rb->kept_size < rb->lent_size) {
+            /* the larger of the two stays: it fits more reads */
+            Py_XSETREF(rb->kept, data);
+            rb->kept_size = rb->lent_size;
+            return;
+        }
+    }
+    Py_DECREF(data);
 }
 
 char *
@@ -72,6 +113,8 @@ void
 tl_recvbuf_clear(tl_recvbuf *rb)
 {
     Py_CLEAR(rb->spare);
+    Py_CLEAR(rb->kept);
+    rb->lent = NULL;
     PyMem_Free(rb->dgram);
     rb->dgram = NULL;
     PyMem_Free(rb->tls);

@@ -159,7 +159,7 @@ stream_read_ready(PyObject *obj)
     PyObject *r = PyObject_VectorcallMethod(
         self->loop->state->str_data_received, dargs,
         2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-    Py_DECREF(data);
+    tl_recv_give_back(&self->loop->recv, data);
     if (r == NULL)
         return tl_tr_fail(self, "Fatal error: protocol.data_received() call failed.");
     Py_DECREF(r);
