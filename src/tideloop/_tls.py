@@ -40,6 +40,7 @@ failed.
 """
 from __future__ import annotations
 
+import collections
 import os
 import re
 
@@ -71,6 +72,7 @@ def adopt(protocol):
     # loop for every record, where the callback's errors are raised.
     if route == "openssl" and getattr(protocol._sslcontext, "_msg_callback", None):
         route = "sslobject"
+    _slim(protocol)
     engine = _core.TLSEngine(protocol, route)
     protocol._tl_engine = engine
     # Every path of SSLProtocol that reads (_do_flush, the end of the
@@ -88,6 +90,44 @@ def adopt(protocol):
     if app_transport is not None:
         app_transport.write = engine.app_write
     return engine
+
+
+# SSLProtocol's methods (any version) that would need a real deque for
+# _write_backlog; with none of them in its code, a list does (append, [0],
+# del [0], clear, len): 56 bytes empty against the deque's 760.
+_DEQUE_ONLY = {"popleft", "appendleft", "extendleft", "rotate", "maxlen"}
+_BACKLOG_AS_LIST = None
+
+
+def _backlog_list_ok():
+    global _BACKLOG_AS_LIST
+    if _BACKLOG_AS_LIST is None:
+        names = set()
+        for cls in (_sslproto.SSLProtocol, _sslproto._SSLProtocolTransport):
+            for fn in vars(cls).values():
+                code = getattr(fn, "__code__", None)
+                if code is not None:
+                    names.update(code.co_names)
+        _BACKLOG_AS_LIST = not (names & _DEQUE_ONLY)
+    return _BACKLOG_AS_LIST
+
+
+def _slim(protocol):
+    """What an idle connection keeps, smaller (before the engine reads the
+    protocol's __dict__): the empty write backlog as a list, and the
+    __dict__ copied into a table sized for its keys.  asyncio's SSLProtocol
+    sets ~32 attributes in __init__, more than an instance's shared keys
+    hold, so its __dict__ became a table for 85 keys (1,584 bytes); the copy
+    is one for 42 (832 bytes), room for the few keys adopt() and the
+    handshake add after this (36 in all on 3.11)."""
+    d = protocol.__dict__
+    backlog = d.get("_write_backlog")
+    if type(backlog) is collections.deque and not backlog and _backlog_list_ok():
+        d["_write_backlog"] = []
+    try:
+        protocol.__dict__ = dict(d)
+    except (AttributeError, TypeError):
+        pass
 
 
 def new_ssl_protocol(*args, **kwargs):

@@ -626,6 +626,40 @@ def test_server_socket_and_fds(loop):
     fd_leak_check(before)
 
 
+def test_a_busy_connection_idles_and_is_busy_again(loop, tls_route):
+    """Many small records (a busy connection: on tideloop's openssl route it
+    keeps OpenSSL's record buffers), a pause long enough for the idle check
+    to give them and the MemoryBIOs' storage back, then busy again: every
+    byte arrives, in order, each time."""
+    async def main():
+        accepted = []
+        srv, addr = await tls_server(loop, tls_echo_recorder(loop, accepted))
+        tr, pr = await tls_connect(loop, lambda: Recorder(loop), addr)
+        sent = b""
+        for round_ in range(2):
+            for i in range(200):
+                chunk = b"%d:%d;" % (round_, i)
+                tr.write(chunk)
+                sent += chunk
+                if i % 10 == 0:
+                    await asyncio.sleep(0.01)
+            assert await pr.wait_bytes(len(sent)) == sent
+            (sp,) = accepted
+            engines = [vars(t._ssl_protocol).get("_tl_engine") for t in (tr, sp.transport)]
+            if tls_route == "openssl":
+                before = [e.buffers_released for e in engines]
+                await wait_until(lambda: all(e.buffers_released > b
+                                             for e, b in zip(engines, before)), timeout=20)
+            else:
+                await asyncio.sleep(1.2)
+        tr.close()
+        assert await wait(pr.lost) is None
+        assert await wait(sp.lost) is None
+        await close_server(srv)
+
+    arun(loop, main())
+
+
 def test_an_idle_connection_keeps_working_after_its_buffers_go(loop, tls_route):
     """An idle TLS connection: after a pause (on tideloop's openssl route,
     until the idle check has given OpenSSL's record buffers back) records

@@ -101,6 +101,9 @@ typedef struct {
     unsigned long (*OpenSSL_version_num)(void);
     /* NULL: not offered, or not safe in this OpenSSL (tls.c) */
     int (*SSL_free_buffers)(void *ssl);
+    /* for the idle check's BIO_set_mem_buf (with SSL_free_buffers) */
+    long (*BIO_ctrl)(void *bio, int cmd, long larg, void *parg);
+    void *(*BUF_MEM_new)(void);
 } tl_ossl;
 
 enum { TL_TLS_ASYNCIO = 0, TL_TLS_SSLOBJECT = 1, TL_TLS_OPENSSL = 2 };

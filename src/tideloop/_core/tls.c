@@ -42,8 +42,11 @@
 #define TL_X509_V_ERR_HOSTNAME_MISMATCH 62
 #define TL_X509_V_ERR_IP_ADDRESS_MISMATCH 64
 #define TL_SSL_RECEIVED_SHUTDOWN 2
+#define TL_SSL_CTRL_MODE 33
 #define TL_SSL_CTRL_CLEAR_MODE 78
 #define TL_SSL_MODE_RELEASE_BUFFERS 0x10L
+#define TL_BIO_C_SET_BUF_MEM 114
+#define TL_BIO_CLOSE 0x01
 /* SSLProtocol.max_size: what one SSLObject.read() asks for. */
 #define TL_SSLPROTO_MAX_SIZE (256 * 1024)
 
@@ -79,20 +82,28 @@ typedef struct {
     void *ssl, *rbio, *wbio;    /* openssl route */
     int busy;                   /* entries (feed, app_write, do_read) running */
     int detach_pending;         /* connection_lost came while busy */
-    int used;                   /* an entry ran since the last idle check */
+    int used;                   /* entries since the last idle check (saturating) */
+    int keep_buffers;           /* SSL_MODE_RELEASE_BUFFERS cleared: a busy connection */
     PyObject *idle_timer;       /* the pending idle check's TimerHandle */
     Py_ssize_t buffers_released;    /* times the idle check freed them */
     PyObject *weakreflist;
 } TLSEngineObject;
 
-/* The openssl route keeps OpenSSL's record buffers (see engine_new): two
- * ~17 KiB allocations, of which an idle connection keeps two or three
- * pages resident -- 9 KiB a connection, a third of what one costs.  A
- * connection that has had nothing to do for one to two idle checks gives
- * them back (SSL_free_buffers; OpenSSL allocates them again at the next
- * record), so busy connections keep theirs and idle ones weigh what they
- * weigh on the stock loop. */
+/* OpenSSL's record buffers (openssl route): _ssl asks OpenSSL to free them
+ * after each record (SSL_MODE_RELEASE_BUFFERS), a malloc and free of ~17
+ * KiB per record each way.  A busy connection -- TL_TLS_BUSY_ENTRIES
+ * entries or more between two idle checks -- keeps them instead; one that
+ * then has nothing to do for a whole check gives them back
+ * (SSL_free_buffers) and frees per record again, as does one that was
+ * never busy (a handshake and a few records).  Buffers held for a second
+ * by connections that then idle for good would leave 34 KiB holes in the
+ * heap behind everything allocated meanwhile (4-13 KiB of RSS a
+ * connection at 500-2,000 idle connections); freed at once, as on the
+ * stock loop, the next connection reuses them.  The idle check also frees
+ * the MemoryBIOs' grown storage (BIO_set_mem_buf with an empty BUF_MEM:
+ * ~1.4 KiB a connection after a handshake). */
 #define TL_TLS_IDLE_CHECK_S 0.5
+#define TL_TLS_BUSY_ENTRIES 16
 
 static int schedule_idle_check(TLSEngineObject *self);
 
@@ -1116,7 +1127,8 @@ engine_leave(TLSEngineObject *self)
         self->detach_pending = 0;
         engine_detach_now(self);
     }
-    self->used = 1;
+    if (self->used < INT_MAX)
+        self->used++;
     if (self->idle_timer == NULL && self->ssl != NULL && self->busy == 0 &&
         self->st->ossl.SSL_free_buffers != NULL) {
         PyObject *exc = PyErr_Occurred() ? tl_err_get_raised() : NULL;
@@ -1129,6 +1141,20 @@ engine_leave(TLSEngineObject *self)
     }
 }
 
+/* An empty memory BIO's storage (grown to the largest flight it held)
+ * goes: BIO_set_mem_buf() frees the old BUF_MEM, its data with it, and
+ * takes an empty one, which the next write grows again. */
+static void
+release_bio_storage(TLSEngineObject *self, void *bio)
+{
+    const tl_ossl *o = &self->st->ossl;
+    if (o->BUF_MEM_new == NULL || o->BIO_ctrl_pending(bio) != 0)
+        return;
+    void *bm = o->BUF_MEM_new();
+    if (bm != NULL)
+        o->BIO_ctrl(bio, TL_BIO_C_SET_BUF_MEM, TL_BIO_CLOSE, bm);
+}
+
 /* The idle check: busy since the last one, or the buffers go back. */
 static PyObject *
 engine_idle_check(TLSEngineObject *self, PyObject *Py_UNUSED(ignored))
@@ -1136,16 +1162,27 @@ engine_idle_check(TLSEngineObject *self, PyObject *Py_UNUSED(ignored))
     Py_CLEAR(self->idle_timer);
     if (self->ssl == NULL || self->busy > 0)
         Py_RETURN_NONE;             /* detached, or (cannot happen) inside an entry */
+    const tl_ossl *o = &self->st->ossl;
     if (self->used) {
+        if (self->used >= TL_TLS_BUSY_ENTRIES && !self->keep_buffers) {
+            o->SSL_ctrl(self->ssl, TL_SSL_CTRL_CLEAR_MODE, TL_SSL_MODE_RELEASE_BUFFERS, NULL);
+            self->keep_buffers = 1;
+        }
         self->used = 0;
         if (schedule_idle_check(self) < 0)
             return NULL;
         Py_RETURN_NONE;
     }
-    /* 0 when a record is still in them: they stay, and the next entry
-     * schedules another check */
-    if (self->st->ossl.SSL_free_buffers(self->ssl))
+    if (self->keep_buffers) {
+        o->SSL_ctrl(self->ssl, TL_SSL_CTRL_MODE, TL_SSL_MODE_RELEASE_BUFFERS, NULL);
+        self->keep_buffers = 0;
+    }
+    /* 0 when a record is still in them: they stay (and go with the mode
+     * above once empty) */
+    if (o->SSL_free_buffers(self->ssl))
         self->buffers_released++;
+    release_bio_storage(self, self->rbio);
+    release_bio_storage(self, self->wbio);
     Py_RETURN_NONE;
 }
 
@@ -1248,15 +1285,14 @@ engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                             "the openssl TLS route found an unexpected SSL object");
             goto error;
         }
-        /* _ssl asks OpenSSL to free its record buffers after each record
-         * (SSL_MODE_RELEASE_BUFFERS): a malloc and free of ~17 KiB per
-         * record each way.  The engine keeps them (~34 KiB per connection,
-         * against the 256 KiB read buffer each stock SSLProtocol keeps). */
-        o->SSL_ctrl(self->ssl, TL_SSL_CTRL_CLEAR_MODE, TL_SSL_MODE_RELEASE_BUFFERS, NULL);
-        /* ... until the connection idles (TL_TLS_IDLE_CHECK_S): the
-         * handshake's buffers too, if no record follows it */
+        /* OpenSSL's record buffers: freed per record (_ssl's
+         * SSL_MODE_RELEASE_BUFFERS) until the idle checks find the
+         * connection busy (TL_TLS_BUSY_ENTRIES).  Without SSL_free_buffers
+         * (no idle check) the engine keeps them from the start. */
         self->used = 1;
-        if (o->SSL_free_buffers != NULL && schedule_idle_check(self) < 0)
+        if (o->SSL_free_buffers == NULL)
+            o->SSL_ctrl(self->ssl, TL_SSL_CTRL_CLEAR_MODE, TL_SSL_MODE_RELEASE_BUFFERS, NULL);
+        else if (schedule_idle_check(self) < 0)
             goto error;
     }
     Py_DECREF(loop);
@@ -1441,6 +1477,10 @@ tls_setup(PyObject *module, PyObject *args)
     SYM(X509_verify_cert_error_string) SYM(OpenSSL_version_num)
 #undef SYM
     *(void **)(&o.SSL_free_buffers) = dlsym(h, "SSL_free_buffers");     /* optional */
+    *(void **)(&o.BIO_ctrl) = dlsym(h, "BIO_ctrl");                     /* optional */
+    *(void **)(&o.BUF_MEM_new) = dlsym(h, "BUF_MEM_new");
+    if (o.BIO_ctrl == NULL)
+        o.BUF_MEM_new = NULL;
     dlclose(h);
     if (missing != NULL)
         return PyUnicode_FromFormat("%s not found in _ssl's libssl", missing);
