@@ -44,3 +44,19 @@ def test_idle_connections_and_a_missing_loop(tmp_path):
     assert "no_such_loop_module_xyz" in stdout and "skipped" in stdout
     # no uvloop measured: the memory target has no reference
     assert row["verdict"] is None
+
+
+def test_a_server_too_slow_to_accept_fails_its_row():
+    """open_idle gives up once its budget is spent, saying how far it got."""
+    import sys as _sys
+    _sys.path.insert(0, ROOT)
+    try:
+        from bench import scale
+        from tideloop._bench import harness
+    finally:
+        _sys.path.remove(ROOT)
+    import pytest
+    keep = []
+    with pytest.raises(harness.RunError, match=r"more than 0 s to accept 5 connections \(0 made\)"):
+        scale.open_idle(1, 5, False, keep, budget_s=0)
+    assert keep == []
