@@ -42,7 +42,6 @@
 #define TL_X509_V_ERR_HOSTNAME_MISMATCH 62
 #define TL_X509_V_ERR_IP_ADDRESS_MISMATCH 64
 #define TL_SSL_RECEIVED_SHUTDOWN 2
-#define TL_SSL_CTRL_MODE 33
 #define TL_SSL_CTRL_CLEAR_MODE 78
 #define TL_SSL_MODE_RELEASE_BUFFERS 0x10L
 #define TL_BIO_C_SET_BUF_MEM 114
@@ -83,29 +82,31 @@ typedef struct {
     int busy;                   /* entries (feed, app_write, do_read) running */
     int detach_pending;         /* connection_lost came while busy */
     int used;                   /* entries since the last idle check (saturating) */
-    int keep_buffers;           /* SSL_MODE_RELEASE_BUFFERS cleared: a busy connection */
+    int keep_buffers;           /* busy: the record buffers stay between entries */
     PyObject *idle_timer;       /* the pending idle check's TimerHandle */
     Py_ssize_t buffers_released;    /* times the idle check freed them */
     PyObject *weakreflist;
 } TLSEngineObject;
 
-/* OpenSSL's record buffers (openssl route): _ssl asks OpenSSL to free them
- * after each record (SSL_MODE_RELEASE_BUFFERS), a malloc and free of ~17
- * KiB per record each way.  A busy connection -- TL_TLS_BUSY_ENTRIES
- * entries or more between two idle checks -- keeps them instead; one that
- * then has nothing to do for a whole check gives them back
- * (SSL_free_buffers) and frees per record again, as does one that was
- * never busy (a handshake and a few records).  Buffers held for a second
- * by connections that then idle for good would leave 34 KiB holes in the
- * heap behind everything allocated meanwhile (4-13 KiB of RSS a
+/* OpenSSL's record buffers (openssl route), ~17 KiB each way.  _ssl has
+ * OpenSSL free them after each record (SSL_MODE_RELEASE_BUFFERS): a
+ * malloc and a free per record.  The engine frees them after each of its
+ * entries instead (SSL_free_buffers) until the connection is busy --
+ * TL_TLS_BUSY_ENTRIES entries since the last idle check -- and keeps them
+ * from then on; a connection with nothing to do for a whole check gives
+ * them back and is freed after each entry again.  Buffers kept for a
+ * second by connections that then idle for good would leave 34 KiB holes
+ * in the heap behind everything allocated meanwhile (4-13 KiB of RSS a
  * connection at 500-2,000 idle connections); freed at once, as on the
  * stock loop, the next connection reuses them.  The idle check also frees
  * the MemoryBIOs' grown storage (BIO_set_mem_buf with an empty BUF_MEM:
- * ~1.4 KiB a connection after a handshake). */
+ * ~1.4 KiB a connection after a handshake).  Without SSL_free_buffers (an
+ * OpenSSL before the CVE-2024-4741 fix) the buffers are kept throughout. */
 #define TL_TLS_IDLE_CHECK_S 0.5
 #define TL_TLS_BUSY_ENTRIES 16
 
 static int schedule_idle_check(TLSEngineObject *self);
+
 
 /* ---- SSLProtocol's attributes, read from its __dict__ ---- */
 
@@ -1129,6 +1130,16 @@ engine_leave(TLSEngineObject *self)
     }
     if (self->used < INT_MAX)
         self->used++;
+    if (!self->keep_buffers && self->ssl != NULL && self->busy == 0 &&
+        self->st->ossl.SSL_free_buffers != NULL) {
+        /* Not (yet) busy since the last idle check: the buffers go after
+         * each entry, as _ssl's per-record release would have them go (0
+         * when a record is still in them: they stay); busy: they stay. */
+        if (self->used >= TL_TLS_BUSY_ENTRIES)
+            self->keep_buffers = 1;
+        else
+            (void)self->st->ossl.SSL_free_buffers(self->ssl);
+    }
     if (self->idle_timer == NULL && self->ssl != NULL && self->busy == 0 &&
         self->st->ossl.SSL_free_buffers != NULL) {
         PyObject *exc = PyErr_Occurred() ? tl_err_get_raised() : NULL;
@@ -1164,21 +1175,14 @@ engine_idle_check(TLSEngineObject *self, PyObject *Py_UNUSED(ignored))
         Py_RETURN_NONE;             /* detached, or (cannot happen) inside an entry */
     const tl_ossl *o = &self->st->ossl;
     if (self->used) {
-        if (self->used >= TL_TLS_BUSY_ENTRIES && !self->keep_buffers) {
-            o->SSL_ctrl(self->ssl, TL_SSL_CTRL_CLEAR_MODE, TL_SSL_MODE_RELEASE_BUFFERS, NULL);
-            self->keep_buffers = 1;
-        }
         self->used = 0;
         if (schedule_idle_check(self) < 0)
             return NULL;
         Py_RETURN_NONE;
     }
-    if (self->keep_buffers) {
-        o->SSL_ctrl(self->ssl, TL_SSL_CTRL_MODE, TL_SSL_MODE_RELEASE_BUFFERS, NULL);
-        self->keep_buffers = 0;
-    }
-    /* 0 when a record is still in them: they stay (and go with the mode
-     * above once empty) */
+    self->keep_buffers = 0;
+    /* 0 when a record is still in them: they stay (and go after the next
+     * entry) */
     if (o->SSL_free_buffers(self->ssl))
         self->buffers_released++;
     release_bio_storage(self, self->rbio);
@@ -1285,14 +1289,14 @@ engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                             "the openssl TLS route found an unexpected SSL object");
             goto error;
         }
-        /* OpenSSL's record buffers: freed per record (_ssl's
-         * SSL_MODE_RELEASE_BUFFERS) until the idle checks find the
-         * connection busy (TL_TLS_BUSY_ENTRIES).  Without SSL_free_buffers
-         * (no idle check) the engine keeps them from the start. */
+        /* _ssl asks OpenSSL to free its record buffers after each record
+         * (SSL_MODE_RELEASE_BUFFERS); the engine decides when instead
+         * (engine_leave, the idle check).  Cleared now, before the
+         * handshake: since OpenSSL 3.2 each record layer takes the mode
+         * when it is made and a later clear does not reach it. */
+        o->SSL_ctrl(self->ssl, TL_SSL_CTRL_CLEAR_MODE, TL_SSL_MODE_RELEASE_BUFFERS, NULL);
         self->used = 1;
-        if (o->SSL_free_buffers == NULL)
-            o->SSL_ctrl(self->ssl, TL_SSL_CTRL_CLEAR_MODE, TL_SSL_MODE_RELEASE_BUFFERS, NULL);
-        else if (schedule_idle_check(self) < 0)
+        if (o->SSL_free_buffers != NULL && schedule_idle_check(self) < 0)
             goto error;
     }
     Py_DECREF(loop);
