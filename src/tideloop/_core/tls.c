@@ -107,7 +107,6 @@ typedef struct {
 
 static int schedule_idle_check(TLSEngineObject *self);
 
-
 /* ---- SSLProtocol's attributes, read from its __dict__ ---- */
 
 /* Borrowed; NULL with no error when missing. */
@@ -1130,8 +1129,9 @@ engine_leave(TLSEngineObject *self)
     }
     if (self->used < INT_MAX)
         self->used++;
-    if (!self->keep_buffers && self->ssl != NULL && self->busy == 0 &&
-        self->st->ossl.SSL_free_buffers != NULL) {
+    if (self->ssl == NULL || self->busy > 0 || self->st->ossl.SSL_free_buffers == NULL)
+        return;
+    if (!self->keep_buffers) {
         /* Not (yet) busy since the last idle check: the buffers go after
          * each entry, as _ssl's per-record release would have them go (0
          * when a record is still in them: they stay); busy: they stay. */
@@ -1140,8 +1140,7 @@ engine_leave(TLSEngineObject *self)
         else
             (void)self->st->ossl.SSL_free_buffers(self->ssl);
     }
-    if (self->idle_timer == NULL && self->ssl != NULL && self->busy == 0 &&
-        self->st->ossl.SSL_free_buffers != NULL) {
+    if (self->idle_timer == NULL) {
         PyObject *exc = PyErr_Occurred() ? tl_err_get_raised() : NULL;
         /* (a check not scheduled costs memory, not correctness: a closed
          * loop says so here, and the entry's own result stands) */
