@@ -10,7 +10,10 @@ SRC_DIR = Path(__file__).resolve().parents[1] / "src"
 # What a time limit is multiplied by on a free-threaded build: its
 # interpreter specialises no bytecode and starts slower, about twice the
 # time of a GIL build for a test child (seen on the 3.13t leg under load).
-SLOW = 2 if sysconfig.get_config_var("Py_GIL_DISABLED") else 1
+# TIDELOOP_TEST_SLOW: a larger factor for a run under valgrind, whose
+# process runs tens of times slower (tools/memcheck.sh sets it).
+SLOW = max(2 if sysconfig.get_config_var("Py_GIL_DISABLED") else 1,
+           int(os.environ.get("TIDELOOP_TEST_SLOW", "1")))
 
 
 def stop_after(loop, seconds):

@@ -41,7 +41,9 @@ fi
 # valgrind on each run); hypothesis's plugin is loaded by name instead.  The
 # test modules' asserts are rewritten as usual.
 set +e
-PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONMALLOC=malloc \
+# TIDELOOP_TEST_SLOW: the tests' time limits made 4 times longer (a 64 MiB
+# pipe transfer took over 30 s under valgrind on a loaded machine).
+PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONMALLOC=malloc TIDELOOP_TEST_SLOW=4 \
 valgrind --tool=memcheck --error-exitcode=0 --num-callers=40 \
     --leak-check=no --show-leak-kinds=none --xml=yes --xml-file="$OUT/memcheck.%p.xml" \
     --log-file="$OUT/valgrind.%p.log" \

@@ -18,7 +18,7 @@ import warnings
 
 import pytest
 
-from loop_helpers import IN_MAIN_INTERPRETER
+from loop_helpers import IN_MAIN_INTERPRETER, SLOW
 from net_helpers import (
     Recorder, arun, collapse, fd_leak_check, open_fds, wait, wait_until,
 )
@@ -164,11 +164,11 @@ def test_read_pipe_large_stream_checksum(loop, fds_checked):
     async def main():
         tr, p = await loop.connect_read_pipe(Sink, open(r, "rb", buffering=0))
         t = blocking_writer(w, payload, chunk=1 << 20)
-        assert await wait(p.lost, 25) is None
+        assert await wait(p.lost, 25 * SLOW) is None
         t.join(5)
         assert p.events == ["made", "data", "eof", "lost"]
 
-    arun(loop, main(), timeout=28)
+    arun(loop, main(), timeout=28 * SLOW)
     assert state["n"] == size
     assert state["h"].hexdigest() == expected
 
@@ -198,14 +198,14 @@ def test_read_pipes_interleaved_chunks_kept(loop, fds_checked):
             protos.append(p)
             threads.append(blocking_writer(w, payload, chunk=100_003))
         for p in protos:
-            assert await wait(p.lost, 20) is None
+            assert await wait(p.lost, 20 * SLOW) is None
         for t in threads:
             t.join(5)
         for p, payload in zip(protos, payloads):
             assert all(type(c) is bytes for c in p.chunks)
             assert b"".join(p.chunks) == payload
 
-    arun(loop, main(), timeout=25)
+    arun(loop, main(), timeout=25 * SLOW)
 
 
 def test_read_pipe_fifo(loop, tmp_path, fds_checked):
@@ -859,7 +859,7 @@ def test_read_and_write_pipes_together(loop, fds_checked):
         assert bytes(rp.data) == payload
         assert collapse(rp.events) == ["made", "data", "eof", "lost"]
 
-    arun(loop, main(), timeout=25)
+    arun(loop, main(), timeout=25 * SLOW)
 
 
 # ================================================================ lifecycle
