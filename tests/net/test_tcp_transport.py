@@ -1263,6 +1263,40 @@ def test_reader_armed_again_takes_the_new_context(loop):
 
 
 READ_SIZES = [1000, 1000, 900, 1000, 600, 4000, 3500, 3900, 700, 12000, 11000, 9000, 1000]
+# Repeated, exactly a quarter larger than the one before (the room a loop
+# may give a read it keeps), larger still, smaller, then large ones.
+LET_GO_SIZES = [1000, 1000, 1250, 1250, 1300, 1000, 800, 5000, 600, 600, 16000, 20000,
+                1000, 1000]
+
+
+def test_reads_let_go_of_arrive_whole_whatever_their_sizes(loop, kind, tmp_path):
+    """A protocol that keeps nothing gets every byte once and in order, each
+    read a bytes object of its own length and hash, as the sizes repeat,
+    grow and shrink."""
+    seen = []
+
+    class LetGo(asyncio.Protocol):
+        def connection_made(self, tr):
+            self.transport = tr
+
+        def data_received(self, data):
+            seen.append((type(data), bytes(bytearray(data)), len(data),
+                         hash(data) == hash(bytes(bytearray(data)))))
+            self.transport.write(len(data).to_bytes(4, "big"))
+
+    async def main():
+        srv, ctr, cpr, spr = await pair(loop, kind, tmp_path, server=LetGo)
+        sent = b""
+        for n, size in enumerate(LET_GO_SIZES):
+            chunk = bytes((n + i) % 256 for i in range(size))
+            sent += chunk
+            ctr.write(chunk)
+            await wait_until(lambda: sum(c[2] for c in seen) == len(sent))
+        assert b"".join(c for _, c, _, _ in seen) == sent
+        assert all(t is bytes and len(c) == n and same for t, c, n, same in seen)
+        await finish(srv, ctr, spr.transport)
+
+    arun(loop, main())
 
 
 def test_each_read_is_a_bytes_object_of_its_own(loop, kind, tmp_path):

@@ -449,9 +449,9 @@ typedef struct {
     PyObject *spare;             /* a TL_SPARE_SIZE bytes object */
     PyObject *kept;              /* a copied-out read that its protocol let
                                     go of (tl_recv_give_back), or NULL */
-    Py_ssize_t kept_size;        /* the size it was made with */
+    Py_ssize_t kept_size;        /* the bytes it can hold */
     PyObject *lent;              /* the last copied-out read (borrowed: */
-    Py_ssize_t lent_size;        /*  only compared), and its size */
+    Py_ssize_t lent_size;        /*  only compared), and what it can hold */
     char *dgram;                 /* TL_DGRAM_AREA_SIZE bytes (PyMem) */
     char *tls;                   /* TL_TLS_AREA_SIZE bytes (PyMem): TLS
                                     ciphertext in and out, plaintext in */
@@ -466,7 +466,10 @@ typedef struct {
 /* A copied-out read longer than pymalloc's largest block (512 bytes) is a
  * malloc and a free, ~700 instructions in glibc at 1 KiB: one that the
  * protocol let go of is kept and refilled by the next read of a size it
- * fits without wasting more than a quarter of it.  The GIL builds only: a
+ * fits without wasting more than a quarter of it.  Such a read is made a
+ * quarter larger than its bytes, so that the next read of the same size
+ * can go straight into it (no copy) and still leave room: a read that
+ * fills it may have left bytes in the socket.  The GIL builds only: a
  * free-threaded build's reference count is not one word to compare. */
 #define TL_KEEP_MIN 513
 #ifdef Py_GIL_DISABLED
@@ -622,6 +625,10 @@ struct LoopObject {
     PyObject *weakreflist;
 
     tl_health health;
+    /* When the last batch of callbacks ended (its clock read), while no
+     * system call came after it: a sleep that follows counts from then.
+     * 0: read the clock. */
+    int64_t ran_ns;
     struct tl_watchdog *watchdog;   /* watchdog.c: the stall watchdog, or NULL */
     /* taskstats.c: per-task accounting, or NULL (off); while a Task's
      * step runs, the time that eager tasks' first steps took inside it. */
@@ -702,9 +709,11 @@ tl_get_state_from_type(PyTypeObject *tp)
 /* recvbuf.c: receiving into the loop's shared areas. */
 /* One read/recv of up to max (<= TL_SPARE_SIZE) bytes from fd: *data is the
  * bytes read (NULL on EOF or on a system error, whose errno is in *err;
- * *err is 0 otherwise). */
+ * *err is 0 otherwise).  small: the reader's hint, kept across its reads,
+ * for those given back (tl_recv_give_back); NULL for a read whose bytes go
+ * to the caller for good. */
 int tl_recv_spare(tl_recvbuf *rb, int fd, size_t max, int use_read,
-                  PyObject **data, int *err);
+                  int *small, PyObject **data, int *err);
 /* Releases data, a read tl_recv_spare gave: kept for the next read if
  * nothing else holds it. */
 void tl_recv_give_back(tl_recvbuf *rb, PyObject *data);

@@ -41,7 +41,8 @@ tl_io_run(LoopObject *loop, tl_io_watcher *w, int *entered)
             exc = tl_err_get_raised();
             rc = -1;
         }
-        tl_err_set_raised(exc);
+        if (exc != NULL)        /* (none: nothing to restore, nor to clear) */
+            tl_err_set_raised(exc);
     }
     Py_DECREF(ctx);
     if (rc == 0)

@@ -477,7 +477,7 @@ poll_events(LoopObject *self, int64_t timeout_ns, int64_t *woke_ns)
     }
     else {
         /* sleeping is set (read by call_soon_threadsafe and the watchdog) */
-        int64_t t0 = tl_now_ns();
+        int64_t t0 = self->ran_ns ? self->ran_ns : tl_now_ns();
         tl_count(&health->polls, 1);
         Py_BEGIN_ALLOW_THREADS
         n = tl_poller_poll(self->poller, self->events, self->events_cap,
@@ -512,8 +512,10 @@ poll_phase(LoopObject *self, int64_t timeout_ns, int64_t *woke_ns)
 {
     if (ensure_events_buffer(self) < 0)
         return -1;
-    if (self->dirty_len)
+    if (self->dirty_len) {
         tl_fd_flush_dirty(self);
+        self->ran_ns = 0;       /* its system calls are not sleep */
+    }
     int n = poll_events(self, timeout_ns, woke_ns);
     if (n < 0)
         return -1;
@@ -580,6 +582,7 @@ run_ready(LoopObject *self, int64_t woke_ns, int64_t start_ns)
                  : run_batch(self, ntodo, &entered);
     tl_batch_exit(self, &entered);
     int64_t end_ns = tl_now_ns();       /* the phase's clock read */
+    self->ran_ns = end_ns;
     tl_health_ran(health, end_ns - woke_ns);
     if (timing)
         tl_calibrate_ticks(health, end_ns);
@@ -862,6 +865,7 @@ loop_run_once(LoopObject *self, PyObject *Py_UNUSED(ignored))
 {
     if (tl_check_closed(self) < 0 || tl_check_fork(self) < 0)
         return NULL;
+    self->ran_ns = 0;
     if (run_once(self) < 0)
         return NULL;
     Py_RETURN_NONE;
@@ -1051,6 +1055,7 @@ loop_run_forever(LoopObject *self, PyObject *Py_UNUSED(ignored))
         }
         else {
             Py_DECREF(r);
+            self->ran_ns = 0;
             for (;;) {
                 if (run_once(self) < 0) {
                     failed = 1;

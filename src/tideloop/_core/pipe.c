@@ -78,7 +78,8 @@ rp_read_ready(PyObject *obj)
     LoopObject *loop = self->loop;
     PyObject *data;
     int err;
-    if (tl_recv_spare(&loop->recv, self->fd, TL_SPARE_SIZE, 1, &data, &err) < 0)
+    if (tl_recv_spare(&loop->recv, self->fd, TL_SPARE_SIZE, 1,
+                      &self->small_reads, &data, &err) < 0)
         return -1;
     if (data == NULL && err != 0) {
         if (err == EAGAIN || err == EWOULDBLOCK)

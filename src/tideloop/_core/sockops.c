@@ -125,7 +125,7 @@ recv_attempt(SockOpObject *self, PyObject **res)
         PyObject *data;
         int err;
         if (tl_recv_spare(&self->loop->recv, self->fd, (size_t)self->nbytes,
-                          0, &data, &err) < 0)
+                          0, NULL, &data, &err) < 0)
             return -1;
         if (data != NULL)
             return done(res, data);

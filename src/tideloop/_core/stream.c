@@ -150,8 +150,8 @@ stream_read_ready(PyObject *obj)
         return read_buffered(self);
     PyObject *data;
     int err;
-    if (tl_recv_spare(&self->loop->recv, self->fd, TL_SPARE_SIZE, 0, &data,
-                      &err) < 0)
+    if (tl_recv_spare(&self->loop->recv, self->fd, TL_SPARE_SIZE, 0,
+                      &self->small_reads, &data, &err) < 0)
         return -1;
     if (data == NULL)
         return read_ended(self, err == 0 ? 0 : -1, err);

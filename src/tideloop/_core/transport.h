@@ -185,6 +185,9 @@ struct TransportObject {
     int eof;                    /* write_eof() */
     int protocol_paused;        /* pause_writing() was called */
     int watching;               /* TL_POLL_READ | TL_POLL_WRITE registered */
+    int small_reads;            /* the last read was of a size the loop keeps
+                                   (recvbuf.c: the next one goes straight
+                                   into the kept bytes) */
 
     tl_rawaddr local_addr, peer_addr;
 
