@@ -40,21 +40,23 @@ class WatchdogTimeout(BaseException):
     """Raised by the per-test SIGALRM watchdog."""
 
 
-def _on_alarm(signum, frame):
-    raise WatchdogTimeout(f"test exceeded {TEST_TIMEOUT} s")
-
-
 @pytest.fixture(autouse=True)
-def _watchdog():
+def _watchdog(request):
     # signal.signal() works in the main thread of the main interpreter only
     # (ValueError elsewhere).  In a subinterpreter (tests/interpreters/) the
-    # runner's per-test timeout is the watchdog.
+    # runner's per-test timeout is the watchdog.  @pytest.mark.watchdog(s):
+    # a longer limit, for a test that runs several child processes in turn.
+    marker = request.node.get_closest_marker("watchdog")
+    limit = marker.args[0] * SLOW if marker else TEST_TIMEOUT
+
+    def on_alarm(signum, frame):
+        raise WatchdogTimeout(f"test exceeded {limit} s")
     in_main = IN_MAIN_INTERPRETER and threading.current_thread() is threading.main_thread()
     if in_main:
-        old = signal.signal(signal.SIGALRM, _on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT)
+        old = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, limit)
     if faulthandler is not None:
-        faulthandler.dump_traceback_later(HARD_TIMEOUT, exit=True)
+        faulthandler.dump_traceback_later(max(HARD_TIMEOUT, 3 * limit), exit=True)
     try:
         yield
     finally:
