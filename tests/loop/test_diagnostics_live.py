@@ -226,9 +226,18 @@ def test_refreshes_are_separate_frames(tmp_path):
                              stderr=subprocess.PIPE, text=True, env=child_env(),
                              **sigint_default_kwargs())     # Ctrl-C reaches it
         try:
-            time.sleep(2.0)
+            # Ctrl-C once three frames are out (after a fixed 2 s, a run under
+            # ASan on a loaded machine had printed one)
+            shown, deadline = "", time.monotonic() + TIMEOUT
+            while shown.count("tideloop top - pid ") < 3 and time.monotonic() < deadline:
+                if select.select([p.stdout], [], [], 0.5)[0]:
+                    chunk = os.read(p.stdout.fileno(), 65536).decode()
+                    if not chunk:
+                        break
+                    shown += chunk
             p.send_signal(signal.SIGINT)           # Ctrl-C: exit status 0
             out, err = p.communicate(timeout=TIMEOUT)
+            out = shown + out
         finally:
             if p.poll() is None:
                 p.kill()
