@@ -31,6 +31,7 @@ grep -q __assert_fail symbols.txt || { echo "the core's assert()s are not compil
 export LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
 export PYTHONMALLOC=malloc
 export TIDELOOP_SANITIZE_RUN=1   # stress sizes scaled down (ASan is slower)
+export TIDELOOP_TEST_SLOW=2      # and the tests' time limits doubled
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 set +e
