@@ -231,6 +231,8 @@ def leg_steps(leg, args, py, env, venv, logf):
         if leg == args.dev_mode:
             cmd += ["-X", "dev"]
             test_env["PYTHONMALLOC"] = "debug"
+            # slower: time limits and timer grids doubled (loop_helpers.SLOW)
+            test_env["TIDELOOP_TEST_SLOW"] = "2"
         # (the repository's tooling tests are the same on every interpreter:
         # the 3.11 stage runs them)
         cmd += ["-m", "pytest", "tests", "-q", "-p", "no:cacheprovider",
